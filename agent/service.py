@@ -1,0 +1,331 @@
+"""The real node agent: probes the host, publishes its state, runs assigned tasks.
+
+It remembers every task it accepted in its SQLite store *before* starting it, so a
+redelivered assignment is recognised and never started twice, and a restarted agent
+re-adopts the processes it left running and reports what it still owes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.executor import ExecError, ExecSpec, ExitStatus, ProcessExecutor, ProcessHandle
+from agent.link import AssignmentFeed, publish_event
+from agent.probe import GpuProbe, HostProbe, HostSample
+from agent.store import TaskRecord, TaskStore
+from mesh import subjects
+from mesh.codec import WireError, decode, encode
+from mesh.connect import close_quietly, connect
+from mesh.schema import (
+    Assignment,
+    ErrorCode,
+    GpuProcessInfo,
+    GpuStatus,
+    LogsRequest,
+    NodeState,
+    Resources,
+    TaskEvent,
+    error_reply,
+    ok,
+)
+from mesh.streams import ensure_streams
+from workloads.lifecycle import TaskState
+
+log = logging.getLogger("mesh.agent")
+
+ENDED_HERE = frozenset({"SUCCEEDED", "FAILED", "KILLED"})
+
+
+def default_node_id() -> str:
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:64].strip("-")
+    return name or "node"
+
+
+@dataclass
+class AgentConfig:
+    nats_url: str
+    region: str = "default"
+    node_id: str = field(default_factory=default_node_id)
+    zone: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    data_dir: str = ""
+    heartbeat_s: float = 1.0
+    run_as: str | None = None
+    limits: str = "auto"
+    kill_grace_s: float = 5.0
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.region = subjects.token(config.region, "region")
+        self.node_id = subjects.token(config.node_id, "node id")
+        self.data_dir = Path(config.data_dir or Path.home() / ".mesh" / "agent" / self.node_id)
+        self.handles: dict[tuple[str, int], ProcessHandle] = {}
+        self.killing: set[tuple[str, int]] = set()
+        self.seq = 0
+        self.note = ""
+        self._tasks: list[asyncio.Task[None]] = []
+        self._monitors: set[asyncio.Task[None]] = set()
+        self._report_lock = asyncio.Lock()
+        self.nc = None
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = await TaskStore.open(self.data_dir / "agent.db")
+        if self.store.recovered_from:
+            self.note = f"task store was corrupt; moved aside to {self.store.recovered_from}"
+            log.error(self.note)
+        self.executor = ProcessExecutor(self.data_dir / "tasks", run_as=self.config.run_as,
+                                        limits=self.config.limits)
+        self.gpus = GpuProbe()
+        self.gpus.open()
+        self.probe = HostProbe(self.data_dir, self.gpus)
+        self.nc = await connect(self.config.nats_url, name=f"agent:{self.node_id}")
+        self.js = self.nc.jetstream(timeout=5.0)
+        await ensure_streams(self.js, self.region)
+        await self._readopt()
+        self._logs_sub = await self.nc.subscribe(subjects.task_logs(self.region, self.node_id),
+                                                 cb=self._serve_logs)
+        self.feed = AssignmentFeed(self.js, self.region, self.node_id, self._on_assignment)
+        await self.feed.start()
+        self._tasks = [
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self._report_loop(), name="reporter"),
+        ]
+        log.info("agent %s started (limits: %s)", self.node_id, self.executor.limit_mode)
+
+    async def stop(self, kill_tasks: bool = False) -> None:
+        """Stop the agent. Tasks keep running (a restarted agent re-adopts them) unless
+        `kill_tasks`, which is what `mesh up` wants when it shuts everything down."""
+        if kill_tasks:
+            await asyncio.gather(*(self.executor.kill(h, 1.0) for h in list(self.handles.values())),
+                                 return_exceptions=True)
+            await asyncio.sleep(0)
+        for task in self._tasks:
+            task.cancel()
+        if hasattr(self, "feed"):
+            await self.feed.stop()
+        for task in [*self._tasks, *self._monitors]:
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.nc is not None:
+            await close_quietly(self.nc)
+        self.gpus.close()
+        await self.store.close()
+
+    # ------------------------------------------------------------ state
+
+    def node_state(self, sample: HostSample) -> NodeState:
+        self.seq += 1
+        gpus = tuple(
+            GpuStatus(g.index, g.uuid, g.model, g.memory_total, g.memory_used,
+                      max(0, min(100, g.utilization)), "none",
+                      tuple(GpuProcessInfo(p.pid, p.used_memory) for p in g.processes[:256]))
+            for g in sample.gpus
+        )
+        capacity = Resources(
+            cpu=sample.cpu_count * 1000, memory=sample.memory_total, disk=sample.disk_total,
+            gpu=1000 * len(gpus), gpu_memory=sum(g.memory_total for g in gpus),
+        )
+        return NodeState(
+            node_id=self.node_id, region=self.region, seq=self.seq, ts=time.time(),
+            capacity=capacity, zone=self.config.zone, simulated=False,
+            labels=dict(self.config.labels), cpu_percent=min(100.0, sample.cpu_percent),
+            load1=sample.load1, memory_used=sample.memory_used, disk_used=sample.disk_used,
+            gpus=gpus, tasks=tuple(f"{t}#{a}" for t, a in self.handles), note=self.note,
+        )
+
+    async def _heartbeat_loop(self) -> None:
+        subject = subjects.state(self.region, self.node_id)
+        while True:
+            try:
+                await self.nc.publish(subject, encode(self.node_state(self.probe.sample())))
+            except Exception as exc:
+                log.debug("heartbeat not sent: %s", exc)
+            await asyncio.sleep(self.config.heartbeat_s)
+
+    # ------------------------------------------------------------ assignments
+
+    async def _on_assignment(self, a: Assignment) -> None:
+        if a.kind == "kill":
+            await self._kill(a)
+            return
+        rec = TaskRecord(task_id=a.task_id, attempt=a.attempt, job_id=a.job_id,
+                         state="ACCEPTED", assignment=encode(a), updated=time.time())
+        if not await self.store.insert_if_new(rec):
+            return  # redelivered: we already have it, and never start a task twice
+        spec = a.spec
+        if spec is None or spec.simulate is not None or not spec.argv:
+            await self._finish(rec, "FAILED", message="refused: a real node runs only tasks "
+                               "with a command (simulated tasks belong on hollow nodes)")
+            return
+        await self._transition(rec, "STARTING")
+        exec_spec = ExecSpec(
+            task_id=_exec_id(a.task_id, a.attempt), argv=spec.argv,
+            env=tuple(sorted(spec.env.items())), cwd=spec.workdir,
+            cpu_milli=spec.resources.cpu, memory_bytes=spec.resources.memory,
+            max_run_time_s=spec.max_run_time_s,
+        )
+        try:
+            handle = await self.executor.start(exec_spec)
+        except ExecError as exc:
+            await self._finish(rec, "FAILED", message=f"could not start: {exc}")
+            return
+        rec.pid, rec.start_time = handle.pid, handle.start_time
+        await self.store.update(a.task_id, a.attempt, pid=handle.pid, start_time=handle.start_time)
+        await self._transition(rec, "RUNNING")
+        self._monitor(rec, handle)
+
+    async def _kill(self, a: Assignment) -> None:
+        key = (a.task_id, a.attempt)
+        handle = self.handles.get(key)
+        if handle is not None:
+            if key not in self.killing:
+                # In the background: the grace period must not stall the assignment feed.
+                self.killing.add(key)
+                task = asyncio.create_task(self.executor.kill(handle, a.grace_s))
+                self._monitors.add(task)
+                task.add_done_callback(self._monitors.discard)
+            return
+        rec = await self.store.get(a.task_id, a.attempt)
+        if rec is None:
+            # Killed before its run arrived: leave a tombstone so the run is never started.
+            rec = TaskRecord(task_id=a.task_id, attempt=a.attempt, job_id=a.job_id,
+                             state="ACCEPTED", assignment=b"", updated=time.time())
+            if await self.store.insert_if_new(rec):
+                await self._finish(rec, "KILLED", message="killed before it started")
+
+    def _monitor(self, rec: TaskRecord, handle: ProcessHandle) -> None:
+        self.handles[(rec.task_id, rec.attempt)] = handle
+        task = asyncio.create_task(self._watch(rec, handle), name=f"task:{rec.task_id}")
+        self._monitors.add(task)
+        task.add_done_callback(self._monitors.discard)
+
+    async def _watch(self, rec: TaskRecord, handle: ProcessHandle) -> None:
+        status = await self.executor.wait(handle)
+        key = (rec.task_id, rec.attempt)
+        self.handles.pop(key, None)
+        self.killing.discard(key)
+        state, message = _outcome(status)
+        await self._finish(rec, state, exit_code=status.exit_code, signal=status.signal,
+                           message=message, log_tail=status.log_tail)
+
+    # ------------------------------------------------------------ reporting
+
+    async def _transition(self, rec: TaskRecord, state: str) -> None:
+        rec.state = state
+        await self.store.update(rec.task_id, rec.attempt, state=state, updated=time.time())
+        await self._report(rec, TaskEvent(self.node_id, rec.job_id, rec.task_id, rec.attempt,
+                                          TaskState(state), time.time()))
+
+    async def _finish(self, rec: TaskRecord, state: str, *, exit_code: int | None = None,
+                      signal: int | None = None, message: str = "", log_tail: str = "") -> None:
+        rec.state, rec.exit_code = state, exit_code
+        await self.store.update(rec.task_id, rec.attempt, state=state, exit_code=exit_code,
+                                updated=time.time())
+        await self._report(rec, TaskEvent(
+            self.node_id, rec.job_id, rec.task_id, rec.attempt, TaskState(state), time.time(),
+            exit_code, signal, message[:4096], log_tail[-4096:]))
+
+    async def _report(self, rec: TaskRecord, ev: TaskEvent) -> None:
+        try:
+            await publish_event(self.js, self.region, ev)
+        except Exception as exc:
+            log.info("event %s/%s not sent yet: %s", rec.task_id, ev.state, exc)
+            return  # the reporter loop resends from the store
+        await self.store.update(rec.task_id, rec.attempt, reported=str(ev.state))
+
+    async def _report_loop(self) -> None:
+        """Resend what the store says is still owed (a crash, or NATS away)."""
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                for rec in await self.store.active():
+                    if rec.reported == rec.state or rec.state == "ACCEPTED":
+                        continue
+                    tail = ""
+                    if rec.state in ENDED_HERE:
+                        raw = self.executor.read_log(_exec_id(rec.task_id, rec.attempt),
+                                                     "stderr", 2048)
+                        tail = raw.decode(errors="replace")
+                    await self._report(rec, TaskEvent(
+                        self.node_id, rec.job_id, rec.task_id, rec.attempt,
+                        TaskState(rec.state), time.time(), rec.exit_code, None,
+                        "reported after agent restart or reconnect", tail))
+            except Exception as exc:
+                log.warning("reporter: %s", exc)
+
+    # ------------------------------------------------------------ restart
+
+    async def _readopt(self) -> None:
+        for rec in await self.store.active():
+            if rec.state in ENDED_HERE:
+                continue  # only a report is owed: the reporter loop sends it
+            if rec.state == "RUNNING" and rec.pid is not None and rec.start_time is not None:
+                handle = self.executor.adopt(_exec_id(rec.task_id, rec.attempt), rec.pid,
+                                             rec.start_time)
+                if handle is not None:
+                    log.info("re-adopted %s#%d (pid %d)", rec.task_id, rec.attempt, rec.pid)
+                    self._monitor(rec, handle)
+                    continue
+                await self._finish_later(rec, "FAILED", "process vanished while the agent was "
+                                         "down (no exit status recorded)")
+                continue
+            # Accepted but never known to have started: do not start it now, it may have.
+            await self._finish_later(rec, "FAILED", "agent restarted while starting the task; "
+                                     "not started again so it cannot run twice")
+
+    async def _finish_later(self, rec: TaskRecord, state: str, message: str) -> None:
+        rec.state = state
+        await self.store.update(rec.task_id, rec.attempt, state=state, updated=time.time())
+        log.warning("%s#%d: %s", rec.task_id, rec.attempt, message)
+
+    # ------------------------------------------------------------ logs
+
+    async def _serve_logs(self, msg) -> None:
+        if not msg.reply:
+            return
+        try:
+            req = decode(LogsRequest, msg.data)
+        except WireError as exc:
+            await self.nc.publish(msg.reply, error_reply(ErrorCode.BAD_REQUEST, str(exc)))
+            return
+        attempt = req.attempt
+        if attempt is None:
+            rec = await self.store.latest(req.task_id)
+            attempt = rec.attempt if rec else None
+        if attempt is None:
+            await self.nc.publish(msg.reply, error_reply(ErrorCode.NOT_FOUND,
+                                                         f"no task {req.task_id!r} on this node"))
+            return
+        data = self.executor.read_log(_exec_id(req.task_id, attempt), req.stream, req.tail_bytes)
+        await self.nc.publish(msg.reply, ok(task_id=req.task_id, attempt=attempt,
+                                            stream=req.stream, data=data))
+
+
+def _exec_id(task_id: str, attempt: int) -> str:
+    return f"{task_id}#{attempt}"
+
+
+def _outcome(status: ExitStatus) -> tuple[str, str]:
+    if status.timed_out:
+        return "FAILED", "exceeded its max run time and was killed"
+    if status.killed:
+        return "KILLED", "killed"
+    if status.exit_code == 0:
+        return "SUCCEEDED", ""
+    if status.exit_code is None:
+        sig = f" by signal {status.signal}" if status.signal else ""
+        return "FAILED", f"terminated{sig}"
+    return "FAILED", f"exited with code {status.exit_code}"

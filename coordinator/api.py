@@ -1,0 +1,282 @@
+"""The request API, served as a NATS micro service on `mesh.<region>.api.*`.
+
+Every candidate serves it. A follower forwards each call to the leader (one subject
+only the leader listens on), so a client reads its own writes whoever answers; it
+answers reads from its own warm state only while no leader is reachable. Writes
+reply only after their event is acknowledged by the job log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+import nats.micro
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from coordinator.joblog import Fenced, Unavailable
+from coordinator.views import job_detail, node_summary
+from mesh import subjects
+from mesh.codec import WireError, decode
+from mesh.schema import (
+    ApiError,
+    ErrorCode,
+    JobKillRequested,
+    JobListRequest,
+    JobRef,
+    JobSubmitted,
+    KillRequest,
+    NodeRef,
+    SubmitRequest,
+    error_reply,
+    ok,
+)
+from workloads.lifecycle import JobState
+from workloads.quantity import SpecError
+from workloads.spec import parse_job_spec
+
+if TYPE_CHECKING:
+    from coordinator.service import Coordinator
+
+log = logging.getLogger("mesh.api")
+
+MAX_REQUEST = 1024 * 1024
+ENDPOINTS = ("job.submit", "job.get", "job.list", "job.kill", "node.list", "node.get",
+             "cluster.info")
+WRITES = frozenset({"job.submit", "job.kill"})
+VERSION = "0.1.0"
+
+
+class Api:
+    def __init__(self, coord: "Coordinator") -> None:
+        self.coord = coord
+        self.service: nats.micro.Service | None = None
+        self._leader_subs: list[Any] = []
+        self._inflight: dict[str, asyncio.Future[str]] = {}
+        self.handlers: dict[str, Callable[[bytes], Awaitable[bytes]]] = {
+            "job.submit": self.job_submit,
+            "job.get": self.job_get,
+            "job.list": self.job_list,
+            "job.kill": self.job_kill,
+            "node.list": self.node_list,
+            "node.get": self.node_get,
+            "cluster.info": self.cluster_info,
+        }
+
+    # ------------------------------------------------------------ serving
+
+    async def start(self) -> None:
+        c = self.coord
+        self.service = await nats.micro.add_service(
+            c.nc, name=subjects.SERVICE_NAME, version=VERSION,
+            description=f"Mesh request API, region {c.region}",
+            metadata={"region": c.region, "candidate": c.candidate_id},
+        )
+        group = self.service.add_group(name=subjects.api_prefix(c.region))
+        for endpoint in ENDPOINTS:
+            await group.add_endpoint(
+                name=endpoint.replace(".", "_"), subject=endpoint,
+                handler=self._micro_handler(endpoint),
+            )
+
+    async def stop(self) -> None:
+        await self.stop_leading()
+        if self.service is not None:
+            await self.service.stop()
+            self.service = None
+
+    async def start_leading(self) -> None:
+        """Listen on the leader-only subjects that followers forward to."""
+        for endpoint in ENDPOINTS:
+            sub = await self.coord.nc.subscribe(
+                subjects.leader_api(self.coord.region, endpoint),
+                queue="leader", cb=self._leader_handler(endpoint),
+            )
+            self._leader_subs.append(sub)
+
+    async def stop_leading(self) -> None:
+        subs, self._leader_subs = self._leader_subs, []
+        for sub in subs:
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:
+                log.debug("unsubscribe: %s", exc)
+
+    def _micro_handler(self, endpoint: str):
+        async def handle(req: nats.micro.Request) -> None:
+            await req.respond(await self.call(endpoint, req.data, forward=True))
+        return handle
+
+    def _leader_handler(self, endpoint: str):
+        async def handle(msg) -> None:
+            if msg.reply:
+                await self.coord.nc.publish(msg.reply, await self.call(endpoint, msg.data,
+                                                                      forward=False))
+        return handle
+
+    async def call(self, endpoint: str, data: bytes, forward: bool) -> bytes:
+        """Answer one request; never raises."""
+        try:
+            if len(data) > MAX_REQUEST:
+                raise ApiError(ErrorCode.TOO_LARGE,
+                               f"request of {len(data)} bytes exceeds the {MAX_REQUEST}-byte limit")
+            if self.coord.leader is None and forward:
+                forwarded = await self._forward(endpoint, data)
+                if forwarded is not None:
+                    return forwarded
+                if endpoint in WRITES:
+                    raise ApiError(ErrorCode.NOT_LEADER,
+                                   "no leader is elected right now; retry in a few seconds")
+            elif self.coord.leader is None and endpoint in WRITES:
+                raise ApiError(ErrorCode.NOT_LEADER, "this candidate no longer leads; retry")
+            return await self.handlers[endpoint](data)
+        except ApiError as exc:
+            return error_reply(exc.code, exc.message)
+        except Exception as exc:
+            log.exception("api %s failed", endpoint)
+            return error_reply(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    async def _forward(self, endpoint: str, data: bytes) -> bytes | None:
+        try:
+            msg = await self.coord.nc.request(
+                subjects.leader_api(self.coord.region, endpoint), data, timeout=10.0)
+            return msg.data
+        except NoRespondersError:
+            return None
+        except NatsTimeout:
+            raise ApiError(ErrorCode.UNAVAILABLE, "the leader did not answer in time; retry")
+
+    # ------------------------------------------------------------ writes
+
+    async def job_submit(self, data: bytes) -> bytes:
+        req = _decode(SubmitRequest, data)
+        if not req.client_id:
+            raise ApiError(ErrorCode.BAD_REQUEST, "client_id: required (a unique id per submit, "
+                                                  "reused on retry)")
+        try:
+            spec = parse_job_spec(req.spec if req.spec is not None else "")
+        except SpecError as exc:
+            raise ApiError(ErrorCode.INVALID_SPEC, str(exc)) from None
+        state = self.coord.state
+        existing = state.by_client.get(req.client_id)
+        if existing is None and req.client_id in self._inflight:
+            existing = await asyncio.shield(self._inflight[req.client_id])
+        if existing is not None:
+            return ok(job_id=existing, duplicate=True)
+        leader = self._leader()
+        job_id = f"{spec.name}-{secrets.token_hex(4)}"
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._inflight[req.client_id] = fut
+        try:
+            await self._append(leader, [JobSubmitted(job_id, req.client_id, spec.to_dict(),
+                                                     time.time())])
+            fut.set_result(job_id)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            del self._inflight[req.client_id]
+        leader.wake()
+        return ok(job_id=job_id, duplicate=False)
+
+    async def job_kill(self, data: bytes) -> bytes:
+        req = _decode(KillRequest, data)
+        job = self._job(req.job_id)
+        if job.state not in (JobState.PENDING, JobState.RUNNING):
+            raise ApiError(ErrorCode.CONFLICT, f"job {job.job_id} already ended ({job.state})")
+        leader = self._leader()
+        if not job.kill_requested:
+            await self._append(leader, [JobKillRequested(job.job_id, time.time(),
+                                                         req.reason or "killed by request")])
+            leader.wake()
+        return ok(job_id=job.job_id)
+
+    def _leader(self):
+        leader = self.coord.leader
+        if leader is None:
+            raise ApiError(ErrorCode.NOT_LEADER, "this candidate no longer leads; retry")
+        return leader
+
+    async def _append(self, leader, events) -> None:
+        try:
+            await leader.writer.append(events)
+        except Fenced:
+            raise ApiError(ErrorCode.NOT_LEADER, "leadership changed during the write; retry")
+        except Unavailable as exc:
+            raise ApiError(ErrorCode.UNAVAILABLE, f"job log not writable: {exc}; retry")
+
+    # ------------------------------------------------------------ reads
+
+    def _job(self, job_id: str):
+        job = self.coord.state.jobs.get(job_id)
+        if job is None:
+            raise ApiError(ErrorCode.NOT_FOUND, f"no job {job_id!r}")
+        return job
+
+    async def job_get(self, data: bytes) -> bytes:
+        job = self._job(_decode(JobRef, data).job_id)
+        leader = self.coord.leader
+        reason = leader.unplaced.get(job.job_id) if leader is not None else None
+        return ok(job=job_detail(job, reason))
+
+    async def job_list(self, data: bytes) -> bytes:
+        req = _decode(JobListRequest, data or b"\x80")
+        if req.state is not None and req.state not in JobState.__members__:
+            raise ApiError(ErrorCode.BAD_REQUEST,
+                           f"state: {req.state!r} is not one of {', '.join(JobState.__members__)}")
+        jobs = sorted(self.coord.state.jobs.values(), key=lambda j: -j.submit_seq)
+        out = []
+        for job in jobs:
+            if req.pool is not None and job.spec.pool != req.pool:
+                continue
+            if req.state is not None and job.state != req.state:
+                continue
+            out.append(job.summary())
+            if len(out) >= req.limit:
+                break
+        return ok(jobs=out, total=len(self.coord.state.jobs))
+
+    async def node_list(self, data: bytes) -> bytes:
+        now = time.monotonic()
+        views = sorted(self.coord.cluster.nodes.values(), key=lambda v: v.node_id)
+        return ok(nodes=[node_summary(v, self.coord.state, now) for v in views])
+
+    async def node_get(self, data: bytes) -> bytes:
+        req = _decode(NodeRef, data)
+        view = self.coord.cluster.nodes.get(req.node_id)
+        if view is None:
+            raise ApiError(ErrorCode.NOT_FOUND, f"no node {req.node_id!r}")
+        detail = node_summary(view, self.coord.state, time.monotonic())
+        detail["task_ids"] = sorted(self.coord.state.node_tasks.get(req.node_id, ()))
+        return ok(node=detail)
+
+    async def cluster_info(self, data: bytes) -> bytes:
+        c = self.coord
+        states: dict[str, int] = {}
+        for job in c.state.jobs.values():
+            states[str(job.state)] = states.get(str(job.state), 0) + 1
+        statuses: dict[str, int] = {}
+        for v in c.cluster.nodes.values():
+            statuses[v.status] = statuses.get(v.status, 0) + 1
+        return ok(
+            region=c.region,
+            answered_by=c.candidate_id,
+            leader=c.state.leader_id,
+            term=c.state.term,
+            log_seq=c.state.last_seq,
+            nodes=statuses,
+            jobs=states,
+            version=VERSION,
+        )
+
+
+def _decode(cls: type, data: bytes) -> Any:
+    try:
+        return decode(cls, data, max_size=MAX_REQUEST)
+    except WireError as exc:
+        raise ApiError(ErrorCode.BAD_REQUEST, f"invalid {cls.__name__}: {exc}") from None

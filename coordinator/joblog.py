@@ -1,0 +1,187 @@
+"""The job log's I/O: following it (every candidate) and appending to it (the leader).
+
+Appends are batched — whatever events queue up while one append is in flight go into
+the next log entry — and fenced: each carries `Nats-Expected-Last-Sequence` equal to
+the last sequence this candidate applied, so a deposed leader's append fails instead
+of forking the log. A fenced writer reports it and stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Awaitable, Callable
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+from nats.js.errors import APIError
+
+from coordinator.state import RegionState
+from mesh import subjects
+from mesh.codec import WireError, decode, encode
+from mesh.schema import LogEntry, LogEvent
+
+log = logging.getLogger("mesh.joblog")
+
+MAX_EVENTS_PER_ENTRY = 2000
+MAX_ENTRY_BYTES = 3 * 1024 * 1024
+WRONG_LAST_SEQUENCE = 10071
+
+
+class Fenced(Exception):
+    """Another writer appended first: this candidate no longer leads."""
+
+
+class Unavailable(Exception):
+    """The append's outcome is unknown (timeout, no server); the caller may retry."""
+
+
+class LogFollower:
+    """Applies every entry of the log to `state`, in order, from the start."""
+
+    def __init__(self, js: JetStreamContext, region: str, state: RegionState) -> None:
+        self.js = js
+        self.region = region
+        self.state = state
+        self.bad_entries = 0
+        self._sub = None
+        self._applied = asyncio.Event()
+
+    async def start(self) -> None:
+        self._sub = await self.js.subscribe(
+            subjects.job_log(self.region),
+            stream=subjects.log_stream(self.region),
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+            cb=self._on_msg,
+        )
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    async def _on_msg(self, msg: Msg) -> None:
+        seq = msg.metadata.sequence.stream
+        try:
+            entry = decode(LogEntry, msg.data, max_size=8 * 1024 * 1024)
+        except WireError as exc:
+            self.bad_entries += 1
+            log.error("job log entry %d undecodable, skipped: %s", seq, exc)
+            self.state.last_seq = max(self.state.last_seq, seq)
+            return
+        self.state.apply(seq, entry)
+        self._applied.set()
+
+    async def catch_up(self, timeout: float = 10.0) -> None:
+        """Wait until everything in the stream now has been applied."""
+        info = await self.js.stream_info(subjects.log_stream(self.region))
+        target = info.state.last_seq
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.state.last_seq < target:
+            self._applied.clear()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise Unavailable(f"job log catch-up stalled at {self.state.last_seq}/{target}")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._applied.wait(), min(remaining, 0.1))
+
+
+class LogWriter:
+    """The leader's single writer: batches events, appends fenced, applies on ack."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        region: str,
+        state: RegionState,
+        term: int,
+        leader_id: str,
+        on_fenced: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.js = js
+        self.region = region
+        self.state = state
+        self.term = term
+        self.leader_id = leader_id
+        self.on_fenced = on_fenced
+        self._queue: asyncio.Queue[tuple[list[LogEvent], asyncio.Future[int]]] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self.fenced = False
+        self.entries_written = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="log-writer")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        while not self._queue.empty():
+            _, fut = self._queue.get_nowait()
+            if not fut.done():
+                fut.set_exception(Unavailable("leader stepping down"))
+
+    async def append(self, events: list[LogEvent]) -> int:
+        """Append events; returns the log sequence once JetStream acknowledged it."""
+        if self.fenced:
+            raise Fenced("this candidate was fenced off the log")
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        await self._queue.put((list(events), fut))
+        return await fut
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            count = len(batch[0][0])
+            while not self._queue.empty() and count < MAX_EVENTS_PER_ENTRY:
+                item = self._queue.get_nowait()
+                batch.append(item)
+                count += len(item[0])
+            events = [ev for evs, _ in batch for ev in evs]
+            try:
+                seq = await self._write(events)
+            except Fenced as exc:
+                self.fenced = True
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                await self.on_fenced()
+                return
+            except Exception as exc:
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(Unavailable(str(exc) or type(exc).__name__))
+                continue
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_result(seq)
+
+    async def _write(self, events: list[LogEvent]) -> int:
+        entry = LogEntry(term=self.term, leader_id=self.leader_id, events=tuple(events))
+        data = encode(entry)
+        if len(data) > MAX_ENTRY_BYTES and len(events) > 1:
+            half = len(events) // 2
+            await self._write(events[:half])
+            return await self._write(events[half:])
+        expected = self.state.last_seq
+        try:
+            ack = await self.js.publish(
+                subjects.job_log(self.region),
+                data,
+                stream=subjects.log_stream(self.region),
+                headers={"Nats-Expected-Last-Sequence": str(expected)},
+                timeout=5.0,
+            )
+        except APIError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                raise Fenced(f"log moved past {expected}: another leader wrote") from None
+            raise
+        self.state.apply(ack.seq, entry)
+        self.entries_written += 1
+        return ack.seq

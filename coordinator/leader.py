@@ -1,0 +1,240 @@
+"""The leader's control loops: agent events in, reconcile, assignments out.
+
+Created when a candidate wins the lease and stopped when it loses it. It owns the
+log writer (the only way decisions take effect), the events consumer and the
+reconcile loop; every task it starts is cancelled by `stop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import ConsumerConfig
+
+from coordinator.cluster import NodeView
+from coordinator.joblog import Fenced, LogWriter, Unavailable
+from coordinator.reconcile import Kill, reconcile
+from coordinator.state import TaskRecord
+from mesh import subjects
+from mesh.codec import WireError, decode, encode
+from mesh.schema import (
+    Assignment,
+    LeaderElected,
+    NodeState,
+    TaskEvent,
+    TaskPlaced,
+    TaskSpec,
+    TaskUpdated,
+)
+from workloads.lifecycle import ENDED, FINAL
+
+if TYPE_CHECKING:
+    from coordinator.service import Coordinator
+
+log = logging.getLogger("mesh.leader")
+
+RECONCILE_EVERY_S = 0.5
+KILL_RESEND_S = 5.0
+MAX_ROUNDS = 20
+EVENTS_ACK_WAIT_S = 3.0
+
+
+class Leader:
+    def __init__(self, coord: "Coordinator", term: int) -> None:
+        self.coord = coord
+        self.term = term
+        self.state = coord.state
+        self.writer = LogWriter(coord.js, coord.region, coord.state, term, coord.candidate_id,
+                                on_fenced=self._fenced)
+        self.unplaced: dict[str, str] = {}
+        self.bad_events = 0
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._kills_sent: dict[tuple[str, str, int], float] = {}
+
+    async def start(self) -> None:
+        """Catch up with the log, then claim it with a fenced LeaderElected entry."""
+        await self.coord.follower.catch_up()
+        self.writer.start()
+        await self.writer.append([LeaderElected(self.term, self.coord.candidate_id, time.time())])
+        self._seed_unheard_nodes()
+        await self._republish_placed()
+        self._tasks = [
+            asyncio.create_task(self._events_loop(), name="leader-events"),
+            asyncio.create_task(self._reconcile_loop(), name="leader-reconcile"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        await self.writer.stop()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _fenced(self) -> None:
+        log.warning("%s was fenced off the job log: stepping down", self.coord.candidate_id)
+        asyncio.get_running_loop().call_soon(
+            lambda: asyncio.ensure_future(self.coord.step_down(self.term)))
+
+    def _seed_unheard_nodes(self) -> None:
+        """Nodes holding tasks that this candidate never heard from: start their clock
+        now, so if they stay silent they go DOWN and their tasks are LOST."""
+        now = time.monotonic()
+        for node_id in self.state.node_tasks:
+            if node_id not in self.coord.cluster.nodes:
+                placeholder = NodeState(node_id=node_id, region=self.coord.region, seq=0, ts=0.0)
+                self.coord.cluster.nodes[node_id] = NodeView(placeholder, now)
+
+    # ------------------------------------------------------------ reconcile
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), RECONCILE_EVERY_S)
+            self._wake.clear()
+            try:
+                await self.reconcile_once()
+            except (Fenced, Unavailable) as exc:
+                log.warning("reconcile: %s", exc)
+                await asyncio.sleep(0.2)
+
+    async def reconcile_once(self) -> None:
+        for _ in range(MAX_ROUNDS):
+            self.coord.cluster.sweep(time.monotonic())
+            d = reconcile(self.state, self.coord.cluster.nodes, time.time())
+            self.unplaced = d.unplaced
+            if d.kills:
+                await self._send_kills(d.kills)
+            if not d.events:
+                return
+            await self.writer.append(d.events)
+            placed = [ev for ev in d.events if isinstance(ev, TaskPlaced)]
+            if placed:
+                await self._publish_runs([self.state.tasks[ev.task_id] for ev in placed])
+
+    # ------------------------------------------------------------ assignments
+
+    def _run_assignment(self, t: TaskRecord) -> Assignment:
+        g = t.group
+        job = self.state.jobs[t.job_id]
+        spec = TaskSpec(
+            argv=g.command, env=dict(g.env), workdir=g.workdir, resources=g.resources,
+            simulate=g.simulate, max_run_time_s=job.spec.max_run_time_s, gpu_uuids=t.gpu_uuids,
+        )
+        return Assignment("run", t.node_id, t.job_id, t.task_id, t.attempt, self.term,
+                          time.time(), spec)
+
+    async def _publish_runs(self, tasks: list[TaskRecord]) -> None:
+        await asyncio.gather(*(
+            self._publish(self._run_assignment(t), f"run:{t.task_id}:{t.attempt}") for t in tasks
+        ))
+
+    async def _republish_placed(self) -> None:
+        """A previous leader may have logged a placement and died before sending it."""
+        placed = [t for tid in sorted(self.state.tasks) if (t := self.state.tasks[tid]).state == "PLACED"]
+        if placed:
+            await self._publish_runs(placed)
+
+    async def _send_kills(self, kills: list[Kill]) -> None:
+        now = time.monotonic()
+        due = []
+        for k in kills:
+            key = (k.node_id, k.task_id, k.attempt)
+            if now - self._kills_sent.get(key, -KILL_RESEND_S) >= KILL_RESEND_S:
+                self._kills_sent[key] = now
+                due.append(k)
+        if len(self._kills_sent) > 10_000:
+            self._kills_sent = {k: v for k, v in self._kills_sent.items()
+                                if now - v < KILL_RESEND_S}
+        await asyncio.gather(*(
+            self._publish(
+                Assignment("kill", k.node_id, k.job_id, k.task_id, k.attempt, self.term,
+                           time.time()),
+                f"kill:{k.task_id}:{k.attempt}:{int(now)}",
+            )
+            for k in due
+        ))
+
+    async def _publish(self, a: Assignment, msg_id: str) -> None:
+        try:
+            await self.coord.js.publish(
+                subjects.assign(self.coord.region, a.node_id), encode(a),
+                stream=subjects.assign_stream(self.coord.region),
+                headers={"Nats-Msg-Id": msg_id},
+            )
+        except Exception as exc:  # republished on the next election or kill round
+            log.warning("assignment %s to %s not sent: %s", msg_id, a.node_id, exc)
+
+    # ------------------------------------------------------------ agent events
+
+    async def _events_loop(self) -> None:
+        c = self.coord
+        psub = await c.js.pull_subscribe(
+            subjects.events_all(c.region), durable=subjects.events_consumer(),
+            stream=subjects.events_stream(c.region),
+            # A new leader gets what its predecessor fetched but never acknowledged
+            # after this long, so keep it short.
+            config=ConsumerConfig(ack_wait=EVENTS_ACK_WAIT_S, max_ack_pending=20_000),
+        )
+        while True:
+            try:
+                msgs = await psub.fetch(1, timeout=1.0)
+            except (NatsTimeout, asyncio.TimeoutError):
+                continue
+            except Exception as exc:
+                log.debug("events fetch: %s", exc)
+                await asyncio.sleep(0.2)
+                continue
+            with contextlib.suppress(NatsTimeout, asyncio.TimeoutError):
+                msgs += await psub.fetch(511, timeout=0.005)
+            await self._handle_events(msgs)
+
+    async def _handle_events(self, msgs) -> None:
+        updates: list[TaskUpdated] = []
+        stale: list[Kill] = []
+        for msg in msgs:
+            try:
+                ev = decode(TaskEvent, msg.data)
+            except WireError as exc:
+                self.bad_events += 1
+                log.warning("bad task event dropped: %s", exc)
+                continue
+            if subjects.events(self.coord.region, ev.node_id) != msg.subject:
+                self.bad_events += 1
+                log.warning("task event for %s arrived on %s: dropped", ev.node_id, msg.subject)
+                continue
+            t = self.state.tasks.get(ev.task_id)
+            if t is None:
+                continue
+            if ev.attempt == t.attempt and ev.node_id == t.node_id:
+                updates.append(TaskUpdated(ev.job_id, ev.task_id, ev.attempt, ev.state,
+                                           ev.node_id, ev.ts, ev.exit_code, ev.signal,
+                                           ev.message, ev.log_tail))
+            elif ev.state not in ENDED and ev.state not in FINAL:
+                stale.append(Kill(ev.node_id, ev.job_id, ev.task_id, ev.attempt,
+                                  "stale copy: this attempt is no longer assigned to this node"))
+        if updates:
+            try:
+                await self.writer.append(updates)
+            except Unavailable as exc:
+                log.warning("events not logged, will be redelivered: %s", exc)
+                for msg in msgs:
+                    with contextlib.suppress(Exception):
+                        await msg.nak(delay=0.5)
+                return
+        for msg in msgs:
+            with contextlib.suppress(Exception):
+                await msg.ack()
+        if stale:
+            await self._send_kills(stale)
+        self.wake()

@@ -1,0 +1,131 @@
+"""What the leader should do next, given the region's state and its nodes. Pure.
+
+One call looks at the state once and returns log events to append, kills to send and
+why jobs wait. The shell appends the events, applies them, and calls again until
+nothing changes, so each rule here only needs to take one step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coordinator.cluster import DOWN, READY, NodeView
+from coordinator.placement import GangRequest, NodeCandidate, TaskRequest, place
+from coordinator.state import HOLDING, RegionState
+from mesh.schema import LogEvent, TaskPlaced, TaskUpdated
+from workloads.lifecycle import TaskState
+
+
+@dataclass(frozen=True, slots=True)
+class Kill:
+    node_id: str
+    job_id: str
+    task_id: str
+    attempt: int
+    reason: str
+
+
+@dataclass(slots=True)
+class Decisions:
+    events: list[LogEvent] = field(default_factory=list)
+    kills: list[Kill] = field(default_factory=list)
+    unplaced: dict[str, str] = field(default_factory=dict)
+
+
+def reconcile(state: RegionState, nodes: dict[str, NodeView], now: float) -> Decisions:
+    d = Decisions()
+    _lose_tasks_on_down_nodes(state, nodes, now, d)
+    _requeue_or_settle(state, now, d)
+    _kill_requested_jobs(state, now, d)
+    _kill_stale_copies(state, nodes, d)
+    if not d.events:
+        # Place only from a settled state: a task being requeued this round is placed next.
+        _place_waiting(state, nodes, now, d)
+    return d
+
+
+def _lose_tasks_on_down_nodes(
+    state: RegionState, nodes: dict[str, NodeView], now: float, d: Decisions
+) -> None:
+    for node_id, held in state.node_tasks.items():
+        view = nodes.get(node_id)
+        if view is None or view.status != DOWN:
+            continue  # the shell seeds nodes it never heard from, so silence still ends in DOWN
+        for tid in sorted(held):
+            t = state.tasks[tid]
+            d.events.append(TaskUpdated(t.job_id, tid, t.attempt, TaskState.LOST, node_id, now,
+                                        message=f"lost: node {node_id} stopped heartbeating"))
+
+
+def _requeue_or_settle(state: RegionState, now: float, d: Decisions) -> None:
+    """FAILED, LOST and PREEMPTED attempts either go back to PENDING or end the task."""
+    for tid in sorted(state.unsettled):
+        t = state.tasks[tid]
+        job = state.jobs[t.job_id]
+        nxt, why = None, ""
+        if t.state == TaskState.FAILED:
+            if not job.kill_requested and t.failures <= job.spec.restart.max_retries:
+                nxt = TaskState.PENDING
+                why = f"retry {t.failures} of {job.spec.restart.max_retries} after failure"
+        elif job.kill_requested:
+            nxt, why = TaskState.KILLED, job.kill_reason or "job killed"
+        elif t.state == TaskState.PREEMPTED:
+            nxt, why = TaskState.PENDING, "requeued after preemption"
+        elif job.spec.restart.reschedule_on_lost:
+            nxt, why = TaskState.PENDING, "rescheduling after node loss"
+        if nxt is not None:
+            d.events.append(TaskUpdated(job.job_id, tid, t.attempt, nxt, "", now, message=why))
+
+
+def _kill_requested_jobs(state: RegionState, now: float, d: Decisions) -> None:
+    for job_id in sorted(state.killing):
+        job = state.jobs[job_id]
+        for t in job.tasks.values():
+            if t.state == TaskState.PENDING:
+                d.events.append(TaskUpdated(job.job_id, t.task_id, t.attempt, TaskState.KILLED,
+                                            "", now, message=job.kill_reason or "job killed"))
+            elif t.state in HOLDING:
+                d.kills.append(Kill(t.node_id, job.job_id, t.task_id, t.attempt,
+                                    job.kill_reason or "job killed"))
+
+
+def _kill_stale_copies(state: RegionState, nodes: dict[str, NodeView], d: Decisions) -> None:
+    """A node that reports a task attempt it should not be running (it was declared
+    LOST and rescheduled while the node was away) must stop it: never run both."""
+    for view in nodes.values():
+        if view.status == DOWN:
+            continue
+        for key in view.live_tasks:
+            tid, _, attempt_s = key.rpartition("#")
+            t = state.tasks.get(tid)
+            if t is None or not attempt_s.isdigit():
+                continue
+            attempt = int(attempt_s)
+            if t.state in HOLDING and t.node_id == view.node_id and t.attempt == attempt:
+                continue
+            d.kills.append(Kill(view.node_id, t.job_id, tid, attempt,
+                                "stale copy: this attempt is no longer assigned to this node"))
+
+
+def _place_waiting(state: RegionState, nodes: dict[str, NodeView], now: float, d: Decisions) -> None:
+    waiting = state.pending_jobs()
+    if not waiting:
+        return
+    candidates = [
+        NodeCandidate(v.node_id, v.state.capacity, v.state.capacity - state.allocated(v.node_id),
+                      v.state.simulated, v.state.labels)
+        for v in sorted(nodes.values(), key=lambda v: v.node_id)
+        if v.status == READY
+    ]
+    gangs = [
+        GangRequest(job.job_id, tuple(
+            TaskRequest(t.task_id, t.resources, t.simulated)
+            for t in job.tasks.values() if t.state == TaskState.PENDING
+        ))
+        for job in waiting
+    ]
+    result = place(candidates, gangs)
+    for tid, node_id in result.placed:
+        t = state.tasks[tid]
+        d.events.append(TaskPlaced(t.job_id, tid, t.attempt + 1, node_id, now))
+    d.unplaced.update(result.unplaced)

@@ -1,0 +1,138 @@
+"""A coordinator candidate: follows the region's log and node states, serves the API,
+campaigns for the lease, and runs a `Leader` while it holds it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from coordinator.api import Api
+from coordinator.cluster import ClusterView
+from coordinator.joblog import LogFollower
+from coordinator.leader import Leader
+from coordinator.state import RegionState
+from mesh import subjects
+from mesh.codec import WireError, decode
+from mesh.connect import close_quietly, connect
+from mesh.lease import Lease
+from mesh.schema import NodeState
+from mesh.streams import ensure_streams
+
+log = logging.getLogger("mesh.coordinator")
+
+
+@dataclass
+class CoordinatorConfig:
+    nats_url: str
+    region: str = "default"
+    candidate_id: str = "coordinator"
+    lease_ttl: float = 2.0
+    suspect_after: float = 3.0
+    down_after: float = 10.0
+    replicas: int = 1
+    connect_options: dict = field(default_factory=dict)
+
+
+class Coordinator:
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+        self.region = subjects.token(config.region, "region")
+        self.candidate_id = subjects.token(config.candidate_id, "candidate id")
+        self.state = RegionState()
+        self.cluster = ClusterView(self.region, config.suspect_after, config.down_after)
+        self.leader: Leader | None = None
+        self.api = Api(self)
+        self.bad_states = 0
+        self.nc = None
+        self.js = None
+        self.follower: LogFollower | None = None
+        self.lease: Lease | None = None
+        self._state_sub = None
+        self._lead_lock = asyncio.Lock()
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        c = self.config
+        self.nc = await connect(c.nats_url, name=f"coordinator:{self.candidate_id}",
+                                **c.connect_options)
+        self.js = self.nc.jetstream(timeout=5.0)
+        await ensure_streams(self.js, self.region, c.replicas)
+        self.follower = LogFollower(self.js, self.region, self.state)
+        await self.follower.start()
+        await self.follower.catch_up(timeout=30.0)
+        self._state_sub = await self.nc.subscribe(subjects.state_all(self.region),
+                                                  cb=self._on_state)
+        await self.api.start()
+        self.lease = Lease(self.js, subjects.lease_bucket(self.region), subjects.LEADER_KEY,
+                           self.candidate_id, ttl=c.lease_ttl, on_elected=self._elected,
+                           on_lost=self.step_down, replicas=c.replicas)
+        await self.lease.start()
+        log.info("candidate %s started in region %s", self.candidate_id, self.region)
+
+    async def stop(self) -> None:
+        if self.lease is not None:
+            await self.lease.stop()  # hands over gracefully, then step_down runs
+        await self.step_down(None)
+        await self.api.stop()
+        if self._state_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._state_sub.unsubscribe()
+        if self.follower is not None:
+            await self.follower.stop()
+        if self.nc is not None:
+            await close_quietly(self.nc)
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def _elected(self, term: int) -> None:
+        async with self._lead_lock:
+            if self.leader is not None:
+                return
+            leader = Leader(self, term)
+            try:
+                await leader.start()
+            except Exception as exc:
+                log.warning("could not take over as leader (term %d): %s", term, exc)
+                await leader.stop()
+                if self.lease is not None and self.lease.term == term:
+                    asyncio.ensure_future(self._resign(term))
+                return
+            self.leader = leader
+            await self.api.start_leading()
+            log.info("%s leads region %s (term %d)", self.candidate_id, self.region, term)
+
+    async def _resign(self, term: int) -> None:
+        """Give up a lease we could not act on, so another candidate can try."""
+        if self.lease is not None:
+            await self.lease.stop()
+            await self.lease.start()
+
+    async def step_down(self, term: int | None) -> None:
+        async with self._lead_lock:
+            leader, self.leader = self.leader, None
+            if leader is None:
+                return
+            if term is not None and leader.term != term:
+                self.leader = leader
+                return
+            await self.api.stop_leading()
+            await leader.stop()
+            log.info("%s stepped down (term %d)", self.candidate_id, leader.term)
+
+    async def _on_state(self, msg) -> None:
+        try:
+            st = decode(NodeState, msg.data)
+        except WireError as exc:
+            self.bad_states += 1
+            log.debug("bad node state dropped: %s", exc)
+            return
+        if msg.subject != subjects.state(self.region, st.node_id):
+            self.bad_states += 1  # a node may only speak for itself
+            return
+        if self.cluster.observe(st, time.monotonic()) and self.leader is not None:
+            self.leader.wake()

@@ -1,0 +1,281 @@
+"""The region's state as a fold over the job log.
+
+Every candidate (leader or follower) applies the same log entries in stream order,
+so a follower that takes over holds exactly what the leader held. `apply` is pure
+bookkeeping: it records what happened and never decides anything (decisions live in
+`coordinator/reconcile.py`); an event that does not fit the current state (a stale
+attempt, an illegal transition) is ignored, so replaying a log is always safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mesh.schema import (
+    JobKillRequested,
+    JobSubmitted,
+    LeaderElected,
+    LogEntry,
+    TaskPlaced,
+    TaskUpdated,
+)
+from workloads.lifecycle import ENDED, FINAL, JobState, TaskState, can_transition, job_state
+from workloads.resources import Resources
+from workloads.spec import JobSpec, TaskGroup, parse_job_spec
+
+HOLDING = frozenset({TaskState.PLACED, TaskState.STARTING, TaskState.RUNNING})
+# Attempts that ended but whose task may go on (retry, reschedule, requeue): the leader
+# looks at these each round, so the fold keeps them in a set rather than a scan.
+UNSETTLED = frozenset({TaskState.FAILED, TaskState.LOST, TaskState.PREEMPTED})
+HISTORY_LIMIT = 64
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    task_id: str
+    job_id: str
+    role: str
+    index: int
+    group: TaskGroup
+    state: TaskState = TaskState.PENDING
+    attempt: int = 0
+    node_id: str = ""
+    gpu_uuids: tuple[str, ...] = ()
+    exit_code: int | None = None
+    signal: int | None = None
+    message: str = ""
+    log_tail: str = ""
+    failures: int = 0                 # attempts that ended FAILED (counts against max_retries)
+    placed_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    history: list[tuple[float, int, str, str, str]] = field(default_factory=list)
+
+    @property
+    def resources(self) -> Resources:
+        return self.group.resources
+
+    @property
+    def simulated(self) -> bool:
+        return self.group.simulate is not None
+
+    def to_dict(self) -> dict:
+        return {
+            "task_id": self.task_id,
+            "role": self.role,
+            "index": self.index,
+            "state": str(self.state),
+            "attempt": self.attempt,
+            "node_id": self.node_id,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "message": self.message,
+            "log_tail": self.log_tail,
+            "placed_at": self.placed_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "history": [
+                {"ts": ts, "attempt": a, "state": s, "node_id": n, "message": m}
+                for ts, a, s, n, m in self.history
+            ],
+        }
+
+
+@dataclass(slots=True)
+class JobRecord:
+    job_id: str
+    client_id: str
+    spec: JobSpec
+    submitted_at: float
+    tasks: dict[str, TaskRecord]
+    kill_requested: bool = False
+    kill_reason: str = ""
+    submit_seq: int = 0
+    pending: int = 0                  # tasks in PENDING, kept by the fold
+
+    @property
+    def state(self) -> JobState:
+        return job_state(t.state for t in self.tasks.values())
+
+    @property
+    def finished_at(self) -> float | None:
+        if self.state in (JobState.PENDING, JobState.RUNNING):
+            return None
+        ends = [t.finished_at for t in self.tasks.values() if t.finished_at is not None]
+        return max(ends) if ends else None
+
+    def summary(self) -> dict:
+        counts: dict[str, int] = {}
+        for t in self.tasks.values():
+            counts[str(t.state)] = counts.get(str(t.state), 0) + 1
+        return {
+            "job_id": self.job_id,
+            "name": self.spec.name,
+            "pool": self.spec.pool,
+            "priority": self.spec.priority,
+            "state": str(self.state),
+            "tasks": len(self.tasks),
+            "task_states": counts,
+            "submitted_at": self.submitted_at,
+            "finished_at": self.finished_at,
+            "kill_requested": self.kill_requested,
+        }
+
+
+def task_id_for(job_id: str, role: str, index: int) -> str:
+    return f"{job_id}.{role}.{index}"
+
+
+class RegionState:
+    """Jobs and tasks of one region, rebuilt by applying log entries in order."""
+
+    def __init__(self) -> None:
+        self.last_seq = 0
+        self.term = 0
+        self.leader_id = ""
+        self.jobs: dict[str, JobRecord] = {}
+        self.by_client: dict[str, str] = {}
+        self.tasks: dict[str, TaskRecord] = {}
+        self.node_tasks: dict[str, set[str]] = {}   # tasks holding resources on a node
+        self.waiting: set[str] = set()              # jobs with PENDING tasks
+        self.unsettled: set[str] = set()            # tasks in UNSETTLED states
+        self.killing: set[str] = set()              # killed jobs with tasks not yet ended
+        self.ignored = 0                            # events that did not fit (stale/illegal)
+
+    # ------------------------------------------------------------ fold
+
+    def apply(self, seq: int, entry: LogEntry) -> bool:
+        """Apply one log entry; False if it was already applied (seq not new)."""
+        if seq <= self.last_seq:
+            return False
+        self.last_seq = seq
+        if entry.term < self.term:
+            # A deposed leader's write cannot land (appends are fenced), but a log is
+            # replayed by code that must not trust that: ignore it.
+            self.ignored += len(entry.events)
+            return True
+        for ev in entry.events:
+            self._apply_event(seq, ev)
+        return True
+
+    def _apply_event(self, seq: int, ev: object) -> None:
+        if isinstance(ev, TaskUpdated):
+            self._task_updated(ev)
+        elif isinstance(ev, TaskPlaced):
+            self._task_placed(ev)
+        elif isinstance(ev, JobSubmitted):
+            self._job_submitted(seq, ev)
+        elif isinstance(ev, JobKillRequested):
+            job = self.jobs.get(ev.job_id)
+            if job is not None and not job.kill_requested:
+                job.kill_requested = True
+                job.kill_reason = ev.reason
+                self.killing.add(job.job_id)
+        elif isinstance(ev, LeaderElected):
+            self.term = max(self.term, ev.term)
+            self.leader_id = ev.leader_id
+
+    def _job_submitted(self, seq: int, ev: JobSubmitted) -> None:
+        if ev.job_id in self.jobs or ev.client_id in self.by_client:
+            self.ignored += 1
+            return
+        spec = parse_job_spec(ev.spec)
+        tasks: dict[str, TaskRecord] = {}
+        for group in spec.tasks:
+            for i in range(group.count):
+                tid = task_id_for(ev.job_id, group.role, i)
+                tasks[tid] = TaskRecord(tid, ev.job_id, group.role, i, group)
+        job = JobRecord(ev.job_id, ev.client_id, spec, ev.ts, tasks, submit_seq=seq)
+        job.pending = len(tasks)
+        self.jobs[ev.job_id] = job
+        self.waiting.add(ev.job_id)
+        self.by_client[ev.client_id] = ev.job_id
+        self.tasks.update(tasks)
+
+    def _task_placed(self, ev: TaskPlaced) -> None:
+        task = self.tasks.get(ev.task_id)
+        if task is None or task.state != TaskState.PENDING or ev.attempt <= task.attempt:
+            self.ignored += 1
+            return
+        self._count_pending(task, -1)
+        task.state = TaskState.PLACED
+        task.attempt = ev.attempt
+        task.node_id = ev.node_id
+        task.gpu_uuids = ev.gpu_uuids
+        task.placed_at = ev.ts
+        task.exit_code = task.signal = None
+        task.message = task.log_tail = ""
+        task.started_at = task.finished_at = None
+        self.node_tasks.setdefault(ev.node_id, set()).add(task.task_id)
+        self._history(task, ev.ts, "")
+
+    def _task_updated(self, ev: TaskUpdated) -> None:
+        task = self.tasks.get(ev.task_id)
+        if task is None or ev.attempt != task.attempt or task.state == ev.state:
+            self.ignored += 1
+            return
+        if not can_transition(task.state, ev.state):
+            self.ignored += 1
+            return
+        was_holding = task.state in HOLDING
+        if task.state == TaskState.PENDING:
+            self._count_pending(task, -1)
+        if ev.state == TaskState.PENDING:
+            self._count_pending(task, +1)
+        task.state = ev.state
+        if ev.state in UNSETTLED:
+            self.unsettled.add(task.task_id)
+        else:
+            self.unsettled.discard(task.task_id)
+        if ev.state == TaskState.RUNNING:
+            task.started_at = ev.ts
+        if ev.state in ENDED or ev.state in FINAL:
+            task.finished_at = ev.ts
+            task.exit_code = ev.exit_code
+            task.signal = ev.signal
+            task.log_tail = ev.log_tail
+            if ev.state == TaskState.FAILED:
+                task.failures += 1
+        task.message = ev.message
+        if was_holding and task.state not in HOLDING:
+            held = self.node_tasks.get(task.node_id)
+            if held is not None:
+                held.discard(task.task_id)
+                if not held:
+                    del self.node_tasks[task.node_id]
+        if ev.state == TaskState.PENDING:
+            task.node_id = ""
+            task.gpu_uuids = ()
+            task.finished_at = None
+        self._history(task, ev.ts, ev.message)
+        if task.job_id in self.killing:
+            job = self.jobs[task.job_id]
+            if all(t.state in FINAL or t.state == TaskState.FAILED for t in job.tasks.values()):
+                self.killing.discard(task.job_id)
+
+    def _count_pending(self, task: TaskRecord, delta: int) -> None:
+        job = self.jobs[task.job_id]
+        job.pending += delta
+        if job.pending > 0:
+            self.waiting.add(job.job_id)
+        else:
+            self.waiting.discard(job.job_id)
+
+    def _history(self, task: TaskRecord, ts: float, message: str) -> None:
+        task.history.append((ts, task.attempt, str(task.state), task.node_id, message))
+        if len(task.history) > HISTORY_LIMIT:
+            del task.history[: len(task.history) - HISTORY_LIMIT]
+
+    # ------------------------------------------------------------ queries
+
+    def allocated(self, node_id: str) -> Resources:
+        total = Resources()
+        for tid in self.node_tasks.get(node_id, ()):
+            total = total + self.tasks[tid].resources
+        return total
+
+    def pending_jobs(self) -> list[JobRecord]:
+        """Jobs with PENDING tasks, highest priority first, then oldest first."""
+        jobs = [self.jobs[j] for j in self.waiting if not self.jobs[j].kill_requested]
+        jobs.sort(key=lambda j: (-j.spec.priority, j.submit_seq))
+        return jobs

@@ -1,0 +1,48 @@
+"""What the API shows of jobs and nodes: plain dicts, built from the state and the
+cluster view. Environment values are never echoed back (they may hold secrets)."""
+
+from __future__ import annotations
+
+from coordinator.cluster import NodeView
+from coordinator.state import JobRecord, RegionState
+
+
+def job_detail(job: JobRecord, pending_reason: str | None) -> dict:
+    spec = job.spec.to_dict()
+    for group in spec.get("tasks", []):
+        if group.get("env"):
+            group["env"] = {k: "<redacted>" for k in group["env"]}
+    return {
+        **job.summary(),
+        "client_id": job.client_id,
+        "kill_reason": job.kill_reason,
+        "pending_reason": pending_reason,
+        "spec": spec,
+        "task_list": [t.to_dict() for t in job.tasks.values()],
+    }
+
+
+def node_summary(view: NodeView, state: RegionState, now: float) -> dict:
+    s = view.state
+    return {
+        "node_id": s.node_id,
+        "status": view.status,
+        "zone": s.zone,
+        "simulated": s.simulated,
+        "labels": dict(s.labels),
+        "capacity": s.capacity.to_dict(),
+        "allocated": state.allocated(s.node_id).to_dict(),
+        "cpu_percent": s.cpu_percent,
+        "load1": s.load1,
+        "memory_used": s.memory_used,
+        "disk_used": s.disk_used,
+        "gpus": [
+            {"index": g.index, "uuid": g.uuid, "model": g.model, "memory_total": g.memory_total,
+             "memory_used": g.memory_used, "utilization": g.utilization,
+             "enforcement": g.enforcement}
+            for g in s.gpus
+        ],
+        "tasks": len(state.node_tasks.get(s.node_id, ())),
+        "heartbeat_age_s": round(max(0.0, now - view.last_seen), 3),
+        "note": s.note,
+    }

@@ -1,0 +1,144 @@
+"""A client of the request API: what the CLI, tests and benchmarks use.
+
+Each call is one NATS request to `mesh.<region>.api.<endpoint>`; an `{ok: false}`
+reply raises `ApiError` with the server's code and message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from mesh import subjects
+from mesh.codec import WireError, encode, unpack
+from mesh.schema import (
+    ApiError,
+    ErrorCode,
+    JobListRequest,
+    JobRef,
+    KillRequest,
+    LogsRequest,
+    NodeRef,
+    SubmitRequest,
+)
+
+FINISHED = frozenset({"SUCCEEDED", "FAILED", "KILLED"})
+
+
+class MeshClient:
+    def __init__(self, nc: Client, region: str = "default", timeout: float = 10.0) -> None:
+        self.nc = nc
+        self.region = subjects.token(region, "region")
+        self.timeout = timeout
+
+    async def request(self, endpoint: str, payload: Any = None, *, retries: int = 0) -> dict:
+        data = encode(payload if payload is not None else {})
+        return await self.request_raw(endpoint, data, retries=retries)
+
+    async def request_raw(self, endpoint: str, data: bytes, *, retries: int = 0) -> dict:
+        subject = subjects.api(self.region, endpoint)
+        for attempt in range(retries + 1):
+            try:
+                msg = await self.nc.request(subject, data, timeout=self.timeout)
+            except NoRespondersError:
+                err = ApiError(ErrorCode.UNAVAILABLE,
+                               f"no coordinator answers on {subject}: is the mesh up?")
+            except NatsTimeout:
+                err = ApiError(ErrorCode.UNAVAILABLE, f"no answer on {subject} in {self.timeout}s")
+            else:
+                reply = _reply(msg.data)
+                if reply.get("ok"):
+                    return reply
+                e = reply.get("error") or {}
+                err = ApiError(_code(e.get("code")), str(e.get("message", "unknown error")))
+                if err.code not in (ErrorCode.NOT_LEADER, ErrorCode.UNAVAILABLE):
+                    raise err
+            if attempt < retries:
+                await asyncio.sleep(min(0.1 * 2**attempt, 1.0))
+        raise err
+
+    async def submit(self, spec: Any, client_id: str | None = None, retries: int = 20) -> str:
+        """Submit a job (YAML text or mapping). Retried with the same client id, so a
+        retry after a lost reply or a leader change never creates a second job."""
+        cid = client_id or uuid.uuid4().hex
+        reply = await self.request("job.submit", SubmitRequest(cid, spec), retries=retries)
+        return reply["job_id"]
+
+    async def job(self, job_id: str) -> dict:
+        return (await self.request("job.get", JobRef(job_id), retries=5))["job"]
+
+    async def jobs(self, state: str | None = None, pool: str | None = None,
+                   limit: int = 100) -> list[dict]:
+        return (await self.request("job.list", JobListRequest(state, pool, limit), retries=5))["jobs"]
+
+    async def kill(self, job_id: str, reason: str = "") -> None:
+        await self.request("job.kill", KillRequest(job_id, reason), retries=20)
+
+    async def nodes(self) -> list[dict]:
+        return (await self.request("node.list", retries=5))["nodes"]
+
+    async def node(self, node_id: str) -> dict:
+        return (await self.request("node.get", NodeRef(node_id), retries=5))["node"]
+
+    async def cluster_info(self) -> dict:
+        return await self.request("cluster.info", retries=5)
+
+    async def wait(self, job_id: str, timeout: float = 60.0, poll: float = 0.1) -> dict:
+        """Poll until the job ends; returns its detail. Raises TimeoutError."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = await self.job(job_id)
+            if job["state"] in FINISHED:
+                return job
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"job {job_id} still {job['state']} after {timeout}s")
+            await asyncio.sleep(poll)
+
+    async def logs(self, job_id: str, task_id: str | None = None, stream: str = "stdout",
+                   tail_bytes: int = 64 * 1024) -> dict:
+        """A task's log, fetched from the agent that ran it."""
+        job = await self.job(job_id)
+        tasks = job["task_list"]
+        task = next((t for t in tasks if t["task_id"] == task_id), None) if task_id else (
+            tasks[0] if tasks else None)
+        if task is None:
+            raise ApiError(ErrorCode.NOT_FOUND, f"no task {task_id!r} in job {job_id}")
+        node = task["node_id"] or next((h["node_id"] for h in reversed(task["history"])
+                                        if h["node_id"]), "")
+        if not node:
+            raise ApiError(ErrorCode.NOT_FOUND, f"task {task['task_id']} never ran on a node")
+        req = LogsRequest(task["task_id"], task["attempt"] or None, stream, tail_bytes)
+        try:
+            msg = await self.nc.request(subjects.task_logs(self.region, node), encode(req),
+                                        timeout=self.timeout)
+        except (NoRespondersError, NatsTimeout):
+            raise ApiError(ErrorCode.UNAVAILABLE, f"node {node} does not answer for logs")
+        reply = _reply(msg.data)
+        if not reply.get("ok"):
+            e = reply.get("error") or {}
+            raise ApiError(_code(e.get("code")), str(e.get("message")))
+        reply["node_id"] = node
+        return reply
+
+
+def _reply(data: bytes) -> dict:
+    try:
+        reply = unpack(data)
+    except WireError as exc:
+        raise ApiError(ErrorCode.INTERNAL, f"undecodable reply: {exc}") from None
+    if not isinstance(reply, dict):
+        raise ApiError(ErrorCode.INTERNAL, "reply is not a map")
+    return reply
+
+
+def _code(code: Any) -> ErrorCode:
+    try:
+        return ErrorCode(code)
+    except ValueError:
+        return ErrorCode.INTERNAL

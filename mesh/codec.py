@@ -1,0 +1,370 @@
+"""msgpack codec for wire dataclasses, validating on decode.
+
+One generic converter per dataclass is compiled from its type hints, so every
+message gets the same checks (types, sizes, ranges, required fields) without a
+hand-written parser each. Unknown fields are ignored so old readers survive new
+writers; anything else wrong raises `WireError`, the one error a receiver catches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import types
+import typing
+from typing import Any, Callable
+
+import msgpack
+
+MAX_MESSAGE = 1024 * 1024      # default cap on one encoded message
+MAX_STR = 64 * 1024            # default cap on one string field
+MAX_ITEMS = 10_000             # default cap on one list/map field
+MAX_DEPTH = 32                 # cap on nesting of free-form (Any) data
+INT64 = 2**63 - 1
+
+
+class WireError(ValueError):
+    """A message that cannot be decoded or does not validate. `field` names where."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}" if field else problem)
+
+
+def wf(
+    default: Any = dataclasses.MISSING,
+    *,
+    ge: float | None = None,
+    le: float | None = None,
+    max_len: int | None = None,
+    choices: tuple[str, ...] | None = None,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A dataclass field with wire constraints (range, length, allowed values)."""
+    meta = {"ge": ge, "le": le, "max_len": max_len, "choices": choices}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
+
+
+# ---------------------------------------------------------------- encoding
+
+def to_wire(obj: Any) -> Any:
+    """Plain msgpack-able data: dataclasses become maps (tagged with `_t` when they are
+    members of a union), tuples lists, enums their values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {f.name: to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        if getattr(type(obj), "_wire_tagged", False):
+            out["_t"] = type(obj).__name__
+        return out
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [to_wire(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: to_wire(v) for k, v in obj.items()}
+    return obj
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(to_wire(obj), use_bin_type=True)
+
+
+def unpack(data: bytes, max_size: int = MAX_MESSAGE) -> Any:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError("", f"expected bytes, got {type(data).__name__}")
+    if len(data) > max_size:
+        raise WireError("", f"message of {len(data)} bytes exceeds the {max_size}-byte limit")
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=False,
+            max_str_len=max_size,
+            max_bin_len=max_size,
+            max_array_len=MAX_ITEMS * 10,
+            max_map_len=MAX_ITEMS * 10,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise WireError("", f"not valid msgpack: {type(exc).__name__}: {exc}") from None
+
+
+def encode(msg: Any) -> bytes:
+    return pack(msg)
+
+
+def decode(cls: type, data: bytes, max_size: int = MAX_MESSAGE) -> Any:
+    return from_wire(cls, unpack(data, max_size))
+
+
+def from_wire(cls: type, obj: Any, path: str = "") -> Any:
+    return _converter(cls)(obj, path)
+
+
+# ---------------------------------------------------------------- decoding
+
+Converter = Callable[[Any, str], Any]
+_cache: dict[Any, Converter] = {}
+_custom: dict[type, Converter] = {}
+
+
+def register(cls: type, conv: Converter) -> None:
+    """A hand-written converter for a type that validates itself (e.g. `Resources.from_dict`)."""
+    _custom[cls] = conv
+    _cache.pop(cls, None)
+
+
+def tagged(cls: type) -> type:
+    """Mark a dataclass as a member of a tagged union (encoded with `_t`)."""
+    cls._wire_tagged = True
+    return cls
+
+
+def _name(t: Any) -> str:
+    return getattr(t, "__name__", str(t))
+
+
+def _converter(tp: Any, meta: dict | None = None) -> Converter:
+    key = (tp, tuple(sorted((meta or {}).items())) if meta else None)
+    conv = _cache.get(key)
+    if conv is None:
+        conv = _build(tp, meta or {})
+        _cache[key] = conv
+    return conv
+
+
+def _build(tp: Any, meta: dict) -> Converter:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp in _custom:
+        return _custom[tp]
+    if tp is Any:
+        return _any
+    if tp is bool:
+        return _check_bool
+    if tp is int:
+        return _int_conv(meta)
+    if tp is float:
+        return _float_conv(meta)
+    if tp is str:
+        return _str_conv(meta)
+    if tp is bytes:
+        return _bytes_conv(meta)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum_conv(tp)
+    if dataclasses.is_dataclass(tp):
+        return _dataclass_conv(tp)
+    if origin in (typing.Union, types.UnionType):
+        return _union_conv(args, meta)
+    if origin is tuple:
+        return _tuple_conv(args, meta)
+    if origin is dict:
+        return _dict_conv(args, meta)
+    raise TypeError(f"no wire converter for {tp!r}")
+
+
+def _check_bool(x: Any, path: str) -> bool:
+    if not isinstance(x, bool):
+        raise WireError(path, f"expected a boolean, got {type(x).__name__}")
+    return x
+
+
+def _int_conv(meta: dict) -> Converter:
+    ge, le = meta.get("ge"), meta.get("le")
+    lo = -INT64 - 1 if ge is None else ge
+    hi = INT64 if le is None else le
+
+    def conv(x: Any, path: str) -> int:
+        if not isinstance(x, int) or isinstance(x, bool):
+            raise WireError(path, f"expected an integer, got {type(x).__name__}")
+        if not lo <= x <= hi:
+            raise WireError(path, f"{x} is out of range [{lo}, {hi}]")
+        return x
+
+    return conv
+
+
+def _float_conv(meta: dict) -> Converter:
+    ge, le = meta.get("ge"), meta.get("le")
+
+    def conv(x: Any, path: str) -> float:
+        if not isinstance(x, (int, float)) or isinstance(x, bool):
+            raise WireError(path, f"expected a number, got {type(x).__name__}")
+        x = float(x)
+        if not math.isfinite(x):
+            raise WireError(path, "expected a finite number")
+        if (ge is not None and x < ge) or (le is not None and x > le):
+            raise WireError(path, f"{x} is out of range [{ge}, {le}]")
+        return x
+
+    return conv
+
+
+def _str_conv(meta: dict) -> Converter:
+    max_len = meta.get("max_len") or MAX_STR
+    choices = meta.get("choices")
+
+    def conv(x: Any, path: str) -> str:
+        if not isinstance(x, str):
+            raise WireError(path, f"expected a string, got {type(x).__name__}")
+        if len(x) > max_len:
+            raise WireError(path, f"string of {len(x)} characters exceeds the limit of {max_len}")
+        if choices is not None and x not in choices:
+            raise WireError(path, f"{x!r} is not one of {', '.join(choices)}")
+        return x
+
+    return conv
+
+
+def _bytes_conv(meta: dict) -> Converter:
+    max_len = meta.get("max_len") or MAX_MESSAGE
+
+    def conv(x: Any, path: str) -> bytes:
+        if not isinstance(x, bytes):
+            raise WireError(path, f"expected bytes, got {type(x).__name__}")
+        if len(x) > max_len:
+            raise WireError(path, f"{len(x)} bytes exceed the limit of {max_len}")
+        return x
+
+    return conv
+
+
+def _enum_conv(tp: type[enum.Enum]) -> Converter:
+    values = {m.value: m for m in tp}
+
+    def conv(x: Any, path: str) -> enum.Enum:
+        try:
+            return values[x]
+        except (KeyError, TypeError):
+            allowed = ", ".join(str(v) for v in values)
+            raise WireError(path, f"{x!r} is not a valid {tp.__name__} ({allowed})") from None
+
+    return conv
+
+
+def _tuple_conv(args: tuple, meta: dict) -> Converter:
+    max_len = meta.get("max_len") or MAX_ITEMS
+    if len(args) == 2 and args[1] is Ellipsis:
+        item = _converter(args[0])
+
+        def conv(x: Any, path: str) -> tuple:
+            if not isinstance(x, (list, tuple)):
+                raise WireError(path, f"expected a list, got {type(x).__name__}")
+            if len(x) > max_len:
+                raise WireError(path, f"list of {len(x)} items exceeds the limit of {max_len}")
+            return tuple(item(v, f"{path}[{i}]") for i, v in enumerate(x))
+
+        return conv
+    items = [_converter(a) for a in args]
+
+    def conv_fixed(x: Any, path: str) -> tuple:
+        if not isinstance(x, (list, tuple)) or len(x) != len(items):
+            raise WireError(path, f"expected a list of {len(items)} items")
+        return tuple(c(v, f"{path}[{i}]") for i, (c, v) in enumerate(zip(items, x)))
+
+    return conv_fixed
+
+
+def _dict_conv(args: tuple, meta: dict) -> Converter:
+    max_len = meta.get("max_len") or MAX_ITEMS
+    key_conv = _converter(args[0])
+    val_conv = _converter(args[1])
+
+    def conv(x: Any, path: str) -> dict:
+        if not isinstance(x, dict):
+            raise WireError(path, f"expected a map, got {type(x).__name__}")
+        if len(x) > max_len:
+            raise WireError(path, f"map of {len(x)} entries exceeds the limit of {max_len}")
+        return {key_conv(k, path): val_conv(v, f"{path}.{k}") for k, v in x.items()}
+
+    return conv
+
+
+def _union_conv(args: tuple, meta: dict) -> Converter:
+    members = [a for a in args if a is not type(None)]
+    nullable = len(members) < len(args)
+    if len(members) == 1:
+        inner = _converter(members[0], meta)
+
+        def conv_opt(x: Any, path: str) -> Any:
+            if x is None and nullable:
+                return None
+            return inner(x, path)
+
+        return conv_opt
+    if not all(dataclasses.is_dataclass(m) for m in members):
+        raise TypeError(f"unions must be of tagged dataclasses: {args!r}")
+    by_tag = {m.__name__: _converter(m) for m in members}
+
+    def conv_tagged(x: Any, path: str) -> Any:
+        if x is None and nullable:
+            return None
+        if not isinstance(x, dict):
+            raise WireError(path, f"expected a map, got {type(x).__name__}")
+        tag = x.get("_t")
+        if tag not in by_tag:
+            raise WireError(path, f"unknown message type {tag!r}")
+        return by_tag[tag](x, path)
+
+    return conv_tagged
+
+
+def _dataclass_conv(cls: type) -> Converter:
+    hints = typing.get_type_hints(cls)
+    fields = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        has_default = not (
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        )
+        meta = {k: v for k, v in f.metadata.items() if v is not None}
+        fields.append((f.name, has_default, hints[f.name], meta))
+    compiled: list[tuple[str, bool, Converter]] = []
+
+    def conv(x: Any, path: str) -> Any:
+        if not compiled:
+            compiled.extend((n, d, _converter(t, m)) for n, d, t, m in fields)
+        if not isinstance(x, dict):
+            raise WireError(path, f"expected a map for {cls.__name__}, got {type(x).__name__}")
+        kwargs = {}
+        for name, has_default, c in compiled:
+            sub = f"{path}.{name}" if path else name
+            if name in x:
+                kwargs[name] = c(x[name], sub)
+            elif not has_default:
+                raise WireError(sub, "required")
+        try:
+            return cls(**kwargs)
+        except WireError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise WireError(path, str(exc)) from None
+
+    return conv
+
+
+def _any(x: Any, path: str, depth: int = 0) -> Any:
+    if depth > MAX_DEPTH:
+        raise WireError(path, f"nested deeper than {MAX_DEPTH} levels")
+    if x is None or isinstance(x, (bool, int, float, bytes)):
+        return x
+    if isinstance(x, str):
+        if len(x) > MAX_STR:
+            raise WireError(path, f"string of {len(x)} characters exceeds the limit of {MAX_STR}")
+        return x
+    if isinstance(x, (list, tuple)):
+        if len(x) > MAX_ITEMS:
+            raise WireError(path, f"list of {len(x)} items exceeds the limit of {MAX_ITEMS}")
+        return [_any(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(x)]
+    if isinstance(x, dict):
+        if len(x) > MAX_ITEMS:
+            raise WireError(path, f"map of {len(x)} entries exceeds the limit of {MAX_ITEMS}")
+        out = {}
+        for k, v in x.items():
+            if not isinstance(k, str):
+                raise WireError(path, f"map keys must be strings, got {type(k).__name__}")
+            out[k] = _any(v, f"{path}.{k}", depth + 1)
+        return out
+    raise WireError(path, f"unsupported value of type {type(x).__name__}")

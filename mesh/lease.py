@@ -1,0 +1,172 @@
+"""Leader election on a JetStream KV key: a lease with a term that fences writes.
+
+Campaign = `create` (succeeds only if the key is absent); renew = `update` at the
+revision we hold; any failed renewal, or no successful renewal for most of a TTL,
+means we step down at once — a leader that cannot prove its lease must assume it
+lost it. The key's lifetime is the bucket's TTL (nats-py's `update` takes no
+per-message TTL), so a holder that dies stops renewing and the key expires. A
+graceful stop deletes the key; followers watch it and campaign immediately.
+
+The term is the revision at which the lease was won: revisions grow with the
+bucket's stream, so a later leader always has a larger term.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Awaitable, Callable
+
+from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
+
+log = logging.getLogger("mesh.lease")
+
+Callback = Callable[[int], Awaitable[None]]
+
+
+class Lease:
+    """Campaigns for `key` in `bucket`; calls `on_elected(term)` / `on_lost(term)`."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        bucket: str,
+        key: str,
+        holder: str,
+        *,
+        ttl: float = 2.0,
+        on_elected: Callback | None = None,
+        on_lost: Callback | None = None,
+        replicas: int = 1,
+    ) -> None:
+        self.js = js
+        self.bucket = bucket
+        self.key = key
+        self.holder = holder
+        self.ttl = ttl
+        self.renew_every = ttl / 4
+        self.poll_every = min(0.1, ttl / 10)
+        self.replicas = replicas
+        self.on_elected = on_elected
+        self.on_lost = on_lost
+        self.term: int | None = None      # set while we lead
+        self._rev = 0
+        self._kv: KeyValue | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._watch_task: asyncio.Task[None] | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.term is not None
+
+    async def start(self) -> None:
+        self._kv = await open_lease_bucket(self.js, self.bucket, self.ttl, self.replicas)
+        self._task = asyncio.create_task(self._run(), name=f"lease:{self.holder}")
+        self._watch_task = asyncio.create_task(self._watch(), name=f"lease-watch:{self.holder}")
+
+    async def stop(self) -> None:
+        """Hand over gracefully: delete the key so a follower takes over at once."""
+        for task in (self._task, self._watch_task):
+            if task:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self.term is not None and self._kv is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._kv.delete(self.key, last=self._rev), 1.0)
+            await self._lose()
+
+    async def current_holder(self) -> str | None:
+        assert self._kv is not None
+        try:
+            entry = await self._kv.get(self.key)
+        except (NotFoundError, KeyError):
+            return None
+        if entry.value is None or entry.operation is not None:
+            return None
+        return entry.value.decode()
+
+    async def _run(self) -> None:
+        while True:
+            if self.term is None:
+                await self._campaign()
+            else:
+                await self._renew()
+
+    async def _campaign(self) -> None:
+        assert self._kv is not None
+        try:
+            rev = await self._kv.create(self.key, self.holder.encode())
+        except KeyWrongLastSequenceError:
+            rev = None
+        except Exception as exc:  # server away: keep trying
+            log.debug("campaign failed: %s", exc)
+            rev = None
+        if rev is None:
+            self._wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_every)
+            return
+        self._rev = rev
+        self.term = rev
+        self._renewed_at = time.monotonic()
+        log.info("%s leads with term %d", self.holder, rev)
+        if self.on_elected:
+            await self.on_elected(rev)
+
+    async def _renew(self) -> None:
+        assert self._kv is not None
+        await asyncio.sleep(self.renew_every)
+        # Renewals race the TTL: if we have not renewed for most of a TTL, the key may be
+        # gone and another candidate may lead, so stop acting as leader now.
+        budget = self.ttl * 0.75 - (time.monotonic() - self._renewed_at)
+        try:
+            if budget <= 0:
+                raise TimeoutError("lease not renewed within its TTL")
+            self._rev = await asyncio.wait_for(
+                self._kv.update(self.key, self.holder.encode(), last=self._rev), budget
+            )
+            self._renewed_at = time.monotonic()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("%s lost the lease (term %s): %s", self.holder, self.term, exc)
+            await self._lose()
+
+    async def _lose(self) -> None:
+        term, self.term = self.term, None
+        if term is not None and self.on_lost:
+            await self.on_lost(term)
+
+    async def _watch(self) -> None:
+        """Wake the campaign loop when the key is deleted (graceful hand-over)."""
+        assert self._kv is not None
+        while True:
+            watcher = None
+            try:
+                watcher = await self._kv.watch(self.key, include_history=False)
+                async for entry in watcher:
+                    if entry is None or entry.operation is not None:
+                        self._wake.set()
+            except asyncio.CancelledError:
+                if watcher is not None:
+                    with contextlib.suppress(Exception):
+                        await watcher.stop()
+                raise
+            except Exception as exc:
+                log.debug("lease watch restarting: %s", exc)
+                await asyncio.sleep(0.5)
+
+
+async def open_lease_bucket(
+    js: JetStreamContext, bucket: str, ttl: float, replicas: int = 1
+) -> KeyValue:
+    try:
+        return await js.key_value(bucket)
+    except BucketNotFoundError:
+        return await js.create_key_value(bucket=bucket, ttl=ttl, history=1, replicas=replicas)

