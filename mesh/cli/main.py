@@ -1,0 +1,303 @@
+"""The `mesh` command. Every client command talks only to the NATS request API.
+
+Exit codes: 0 success; 1 the job or request failed (e.g. `job run --wait` of a job
+that did not succeed); 2 bad usage or bad input (e.g. an invalid spec file);
+3 the mesh could not be reached or did not answer in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from mesh import logs
+from mesh.cli import render
+from mesh.cli.context import Context, load_context, mesh_home, save_context
+from mesh.client import MeshClient
+from mesh.connect import close_quietly, connect
+from mesh.schema import ApiError, ErrorCode
+from workloads.quantity import SpecError
+from workloads.spec import parse_job_spec
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mesh", description="Mesh: schedule mixed work over NATS.")
+    p.add_argument("--nats", help="NATS URL (env MESH_NATS_URL; default: the `mesh up` context)")
+    p.add_argument("--region", help="region (env MESH_REGION; default: context or 'default')")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--log-level", default="warning")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    up = sub.add_parser("up", help="run a whole region on this machine until interrupted")
+    up.add_argument("--sim-nodes", type=int, default=0, help="simulated nodes to add")
+    up.add_argument("--candidates", type=int, default=2, help="coordinator candidates")
+    up.add_argument("--port", type=int, default=4222, help="NATS port (0: any free port)")
+    up.add_argument("--state-dir", help="where NATS and the agent keep state "
+                    "(default $MESH_HOME/up)")
+    up.add_argument("--no-agent", action="store_true", help="no real agent for this machine")
+
+    demo = sub.add_parser("demo", help="start a throwaway region, run sample jobs, summarise")
+    demo.add_argument("--sim-nodes", type=int, default=4)
+
+    ag = sub.add_parser("agent", help="run the node agent")
+    ag.add_argument("--node-id", help="default: the host name")
+    ag.add_argument("--data-dir", help="default: $MESH_HOME/agent/<node-id>")
+    ag.add_argument("--zone", default="")
+    ag.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    ag.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
+    ag.add_argument("--run-as", help="run task commands as this user")
+    ag.add_argument("--limits", default="auto", choices=["auto", "cgroup", "rlimit", "none"])
+    ag.add_argument("--simulate", type=int, default=0, metavar="N",
+                    help="run N simulated (hollow) nodes instead of a real agent")
+    ag.add_argument("--seed", type=int, default=0, help="inventory mix seed for --simulate")
+    ag.add_argument("--kill-tasks-on-exit", action="store_true",
+                    help="stop running tasks when the agent stops (default: leave them to be "
+                    "re-adopted)")
+
+    co = sub.add_parser("coordinator", help="run a coordinator candidate")
+    co.add_argument("--id", dest="candidate_id", default=None)
+    co.add_argument("--lease-ttl", type=float, default=2.0)
+
+    job = sub.add_parser("job", help="submit and manage jobs").add_subparsers(dest="job_cmd",
+                                                                               required=True)
+    run = job.add_parser("run", help="submit a job spec (YAML)")
+    run.add_argument("file", help="spec file, or - for stdin")
+    run.add_argument("--wait", action="store_true", help="wait; exit 0 only if it SUCCEEDED")
+    run.add_argument("--timeout", type=float, default=3600.0)
+    run.add_argument("--client-id", help="idempotency key (default: random)")
+    st = job.add_parser("status", help="a job's state, tasks and why it waits")
+    st.add_argument("job_id")
+    ls = job.add_parser("list", help="recent jobs")
+    ls.add_argument("--state")
+    ls.add_argument("--pool")
+    ls.add_argument("--limit", type=int, default=50)
+    kill = job.add_parser("kill", help="kill a job")
+    kill.add_argument("job_id")
+    kill.add_argument("--reason", default="")
+    lg = job.add_parser("logs", help="a task's log, from the agent that ran it")
+    lg.add_argument("job_id")
+    lg.add_argument("--task")
+    lg.add_argument("--stderr", action="store_true")
+    lg.add_argument("--tail", type=int, default=64 * 1024, help="bytes from the end")
+
+    node = sub.add_parser("node", help="nodes").add_subparsers(dest="node_cmd", required=True)
+    node.add_parser("list", help="nodes with capacity and load")
+    ng = node.add_parser("get", help="one node")
+    ng.add_argument("node_id")
+
+    cl = sub.add_parser("cluster", help="region").add_subparsers(dest="cluster_cmd", required=True)
+    cl.add_parser("info", help="leader, term, node and job counts")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.setup(args.log_level)
+    ctx = load_context(args.nats, args.region)
+    try:
+        if args.cmd == "up":
+            return _up(args, ctx)
+        if args.cmd == "demo":
+            from mesh.cli.demo import run_demo
+            return run_demo(args.sim_nodes)
+        if args.cmd == "agent":
+            return asyncio.run(_agent(args, ctx))
+        if args.cmd == "coordinator":
+            return asyncio.run(_coordinator(args, ctx))
+        return asyncio.run(_client_command(args, ctx))
+    except KeyboardInterrupt:
+        return 130
+
+
+# ---------------------------------------------------------------- servers
+
+def _up(args: argparse.Namespace, ctx: Context) -> int:
+    from mesh.cli.launcher import LocalMesh, LocalMeshConfig
+
+    state_dir = Path(args.state_dir) if args.state_dir else mesh_home() / "up"
+    mesh = LocalMesh(LocalMeshConfig(state_dir=state_dir, region=ctx.region,
+                                     candidates=args.candidates, real_agent=not args.no_agent,
+                                     sim_nodes=args.sim_nodes, port=args.port,
+                                     log_level=args.log_level))
+    stop = asyncio.Event()
+
+    async def run() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        mesh.start()
+        info = await mesh.wait_ready()
+        path = save_context(Context(mesh.url, ctx.region))
+        print(f"mesh is up: {mesh.url} (region {ctx.region}, leader {info['leader']}, "
+              f"{info['nodes'].get('ready', 0)} nodes)")
+        print(f"context written to {path}; logs in {state_dir / 'logs'}; Ctrl-C stops it all")
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except asyncio.TimeoutError:
+                mesh.check_children()
+        return EXIT_OK
+
+    try:
+        return asyncio.run(run())
+    finally:
+        mesh.stop()
+        print("mesh stopped", file=sys.stderr)
+
+
+async def _until_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def _agent(args: argparse.Namespace, ctx: Context) -> int:
+    if args.simulate:
+        from agent.hollow import HollowFleet
+
+        fleet = HollowFleet(ctx.url, ctx.region, args.simulate, seed=args.seed,
+                            heartbeat_s=args.heartbeat)
+        await fleet.start()
+        try:
+            await _until_signal()
+        finally:
+            await fleet.stop()
+        return EXIT_OK
+    from agent.service import Agent, AgentConfig, default_node_id
+
+    node_id = args.node_id or default_node_id()
+    labels = {}
+    for item in args.label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"--label {item!r}: expected KEY=VALUE", file=sys.stderr)
+            return EXIT_USAGE
+        labels[key] = value
+    agent = Agent(AgentConfig(
+        nats_url=ctx.url, region=ctx.region, node_id=node_id, zone=args.zone, labels=labels,
+        data_dir=args.data_dir or str(mesh_home() / "agent" / node_id),
+        heartbeat_s=args.heartbeat, run_as=args.run_as, limits=args.limits))
+    await agent.start()
+    try:
+        await _until_signal()
+    finally:
+        await agent.stop(kill_tasks=args.kill_tasks_on_exit)
+    return EXIT_OK
+
+
+async def _coordinator(args: argparse.Namespace, ctx: Context) -> int:
+    from coordinator.service import Coordinator, CoordinatorConfig
+
+    coord = Coordinator(CoordinatorConfig(
+        nats_url=ctx.url, region=ctx.region,
+        candidate_id=args.candidate_id or f"coordinator-{uuid.uuid4().hex[:6]}",
+        lease_ttl=args.lease_ttl))
+    await coord.start()
+    try:
+        await _until_signal()
+    finally:
+        await coord.stop()
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- client commands
+
+async def _client_command(args: argparse.Namespace, ctx: Context) -> int:
+    try:
+        nc = await connect(ctx.url, name="mesh-cli", reconnect=False, connect_timeout=2.0)
+    except Exception as exc:
+        print(f"cannot reach NATS at {ctx.url}: {exc or type(exc).__name__} "
+              "(is `mesh up` running? set --nats or MESH_NATS_URL)", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    client = MeshClient(nc, ctx.region)
+    try:
+        return await _dispatch(args, client)
+    except ApiError as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_UNREACHABLE if exc.code == ErrorCode.UNAVAILABLE else (
+            EXIT_USAGE if exc.code in (ErrorCode.INVALID_SPEC, ErrorCode.BAD_REQUEST,
+                                       ErrorCode.TOO_LARGE) else EXIT_FAILED)
+    except TimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        await close_quietly(nc)
+
+
+def _out(args: argparse.Namespace, data: Any, human: str) -> None:
+    print(json.dumps(data, indent=2, default=str) if args.json else human)
+
+
+async def _dispatch(args: argparse.Namespace, client: MeshClient) -> int:
+    if args.cmd == "job":
+        return await _job(args, client)
+    if args.cmd == "node":
+        if args.node_cmd == "list":
+            nodes = await client.nodes()
+            _out(args, nodes, render.nodes_table(nodes))
+        else:
+            node = await client.node(args.node_id)
+            _out(args, node, json.dumps(node, indent=2))
+        return EXIT_OK
+    info = await client.cluster_info()
+    human = "\n".join(f"{k:10} {v}" for k, v in info.items() if k != "ok")
+    _out(args, info, human)
+    return EXIT_OK
+
+
+async def _job(args: argparse.Namespace, client: MeshClient) -> int:
+    if args.job_cmd == "run":
+        try:
+            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        except OSError as exc:
+            print(f"cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            parse_job_spec(text)  # fail fast, with the same messages the server would give
+        except SpecError as exc:
+            print(f"{args.file}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        job_id = await client.submit(text, client_id=args.client_id)
+        if not args.wait:
+            _out(args, {"job_id": job_id}, job_id)
+            return EXIT_OK
+        if not args.json:
+            print(f"submitted {job_id}; waiting", file=sys.stderr)
+        job = await client.wait(job_id, timeout=args.timeout, poll=0.1)
+        _out(args, job, render.job_detail(job))
+        return EXIT_OK if job["state"] == "SUCCEEDED" else EXIT_FAILED
+    if args.job_cmd == "status":
+        job = await client.job(args.job_id)
+        _out(args, job, render.job_detail(job))
+        return EXIT_OK
+    if args.job_cmd == "list":
+        jobs = await client.jobs(args.state, args.pool, args.limit)
+        _out(args, jobs, render.jobs_table(jobs) if jobs else "no jobs")
+        return EXIT_OK
+    if args.job_cmd == "kill":
+        await client.kill(args.job_id, args.reason)
+        _out(args, {"job_id": args.job_id, "kill_requested": True},
+             f"kill requested for {args.job_id}")
+        return EXIT_OK
+    reply = await client.logs(args.job_id, args.task, "stderr" if args.stderr else "stdout",
+                              args.tail)
+    if args.json:
+        reply["data"] = reply["data"].decode(errors="replace")
+        _out(args, reply, "")
+    else:
+        sys.stdout.write(reply["data"].decode(errors="replace"))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
