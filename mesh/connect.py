@@ -43,7 +43,8 @@ async def connect(
         tls=tls,
         connect_timeout=connect_timeout,
         allow_reconnect=reconnect,
-        max_reconnect_attempts=-1 if reconnect else 0,
+        # nats-py only gives up on a server after max_reconnect_attempts > 0 tries.
+        max_reconnect_attempts=-1 if reconnect else 1,
         reconnect_time_wait=0.25,
         ping_interval=5,
         max_outstanding_pings=3,

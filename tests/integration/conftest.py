@@ -1,0 +1,143 @@
+"""A region on real processes: a nats-server child process, and coordinators and
+agents either in this process (fast) or as `mesh` child processes (for crash tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.hollow import HollowFleet
+from agent.service import Agent, AgentConfig
+from coordinator.service import Coordinator, CoordinatorConfig
+from mesh.client import MeshClient
+from mesh.connect import close_quietly, connect
+
+
+async def eventually(pred, timeout=15.0, interval=0.05):
+    """Poll an (async or plain) predicate until it returns a truthy value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(interval)
+
+
+class Region:
+    """Components started in-process against one real nats-server."""
+
+    def __init__(self, url: str, tmp: Path) -> None:
+        self.url = url
+        self.tmp = tmp
+        self.coordinators: list[Coordinator] = []
+        self.agents: list[Agent] = []
+        self.fleets: list[HollowFleet] = []
+        self.nc = None
+        self.client: MeshClient | None = None
+
+    async def coordinator(self, cid: str = "c1", **kw) -> Coordinator:
+        c = Coordinator(CoordinatorConfig(self.url, candidate_id=cid, **kw))
+        await c.start()
+        self.coordinators.append(c)
+        return c
+
+    async def agent(self, node_id: str = "node-1", **kw) -> Agent:
+        a = Agent(AgentConfig(self.url, node_id=node_id,
+                              data_dir=str(self.tmp / f"agent-{node_id}"), **kw))
+        await a.start()
+        self.agents.append(a)
+        return a
+
+    async def fleet(self, count: int = 3, **kw) -> HollowFleet:
+        f = HollowFleet(self.url, count=count, **kw)
+        await f.start()
+        self.fleets.append(f)
+        return f
+
+    async def connect_client(self) -> MeshClient:
+        self.nc = await connect(self.url, name="test-client")
+        self.client = MeshClient(self.nc)
+        return self.client
+
+    async def ready(self, nodes: int) -> dict:
+        async def check():
+            info = await self.client.cluster_info()
+            return info if info["leader"] and info["nodes"].get("ready", 0) >= nodes else None
+        return await eventually(check)
+
+    async def close(self) -> None:
+        for f in self.fleets:
+            await f.stop()
+        for a in self.agents:
+            await a.stop(kill_tasks=True)
+        for c in self.coordinators:
+            await c.stop()
+        if self.nc is not None:
+            await close_quietly(self.nc)
+
+
+@pytest.fixture
+async def region(nats_server, tmp_path):
+    r = Region(nats_server.url, tmp_path)
+    await r.connect_client()
+    yield r
+    await r.close()
+
+
+class Proc:
+    """A `mesh` command as a child process in its own session (as an operator runs it)."""
+
+    def __init__(self, url: str, args: list[str], log: Path) -> None:
+        self.args = args
+        self.url = url
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> "Proc":
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mesh.cli.main", "--nats", self.url, "--log-level", "info",
+                 *self.args],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return self
+
+    def kill9(self) -> None:
+        """SIGKILL the process alone: its task processes live in their own sessions."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def procs(tmp_path):
+    started: list[Proc] = []
+
+    def spawn(url: str, *args: str, name: str = "proc") -> Proc:
+        p = Proc(url, list(args), tmp_path / f"{name}.log").start()
+        started.append(p)
+        return p
+
+    yield spawn
+    for p in started:
+        p.stop()
