@@ -36,13 +36,18 @@ class Inventory:
     memory: int
     gpu_model: str = ""
     gpus: int = 0
-    gpu_memory: int = 0          # per GPU
+    gpu_memory: int = 0  # per GPU
     zone: str = "zone-a"
     edge: bool = False
 
     def capacity(self) -> Resources:
-        return Resources(cpu=self.cpus * 1000, memory=self.memory, disk=100 * GiB,
-                         gpu=self.gpus * 1000, gpu_memory=self.gpus * self.gpu_memory)
+        return Resources(
+            cpu=self.cpus * 1000,
+            memory=self.memory,
+            disk=100 * GiB,
+            gpu=self.gpus * 1000,
+            gpu_memory=self.gpus * self.gpu_memory,
+        )
 
 
 # A small datacenter-and-edge mix; `inventory_mix` draws from it with a seed.
@@ -79,21 +84,37 @@ class HollowNode:
         if inv.gpu_model:
             labels["gpu_model"] = inv.gpu_model
         return NodeState(
-            node_id=self.node_id, region=region, seq=self.seq, ts=time.time(),
-            capacity=inv.capacity(), zone=inv.zone, simulated=True, labels=labels, gpus=gpus,
+            node_id=self.node_id,
+            region=region,
+            seq=self.seq,
+            ts=time.time(),
+            capacity=inv.capacity(),
+            zone=inv.zone,
+            simulated=True,
+            labels=labels,
+            gpus=gpus,
             tasks=tuple(f"{t}#{a}" for t, a in self.running),
         )
 
 
 class HollowFleet:
-    def __init__(self, nats_url: str, region: str = "default", count: int = 4, *,
-                 prefix: str = "hollow", seed: int = 0, heartbeat_s: float = 1.0,
-                 inventories: list[Inventory] | None = None) -> None:
+    def __init__(
+        self,
+        nats_url: str,
+        region: str = "default",
+        count: int = 4,
+        *,
+        prefix: str = "hollow",
+        seed: int = 0,
+        heartbeat_s: float = 1.0,
+        inventories: list[Inventory] | None = None,
+    ) -> None:
         self.nats_url = nats_url
         self.region = subjects.token(region, "region")
         invs = inventories or inventory_mix(count, seed)
-        self.nodes = {f"{prefix}-{i:04d}": HollowNode(f"{prefix}-{i:04d}", inv)
-                      for i, inv in enumerate(invs)}
+        self.nodes = {
+            f"{prefix}-{i:04d}": HollowNode(f"{prefix}-{i:04d}", inv) for i, inv in enumerate(invs)
+        }
         self.heartbeat_s = heartbeat_s
         self._feeds: list[AssignmentFeed] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -105,8 +126,9 @@ class HollowFleet:
         self.js = self.nc.jetstream(timeout=5.0)
         await ensure_streams(self.js, self.region)
         for node in self.nodes.values():
-            feed = AssignmentFeed(self.js, self.region, node.node_id,
-                                  lambda a, n=node: self._on_assignment(n, a))
+            feed = AssignmentFeed(
+                self.js, self.region, node.node_id, lambda a, n=node: self._on_assignment(n, a)
+            )
             await feed.start()
             self._feeds.append(feed)
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="hollow-heartbeat"))
@@ -130,8 +152,9 @@ class HollowFleet:
         while True:
             for node in self.nodes.values():
                 try:
-                    await self.nc.publish(subjects.state(self.region, node.node_id),
-                                          encode(node.state(self.region)))
+                    await self.nc.publish(
+                        subjects.state(self.region, node.node_id), encode(node.state(self.region))
+                    )
                 except Exception as exc:
                     log.debug("hollow heartbeat: %s", exc)
             await asyncio.sleep(self.heartbeat_s)
@@ -147,8 +170,12 @@ class HollowFleet:
             return
         node.seen.add(key)
         if a.spec is None or a.spec.simulate is None:
-            await self._report(node, a, TaskState.FAILED,
-                               message="refused: a hollow node never runs a real command")
+            await self._report(
+                node,
+                a,
+                TaskState.FAILED,
+                message="refused: a hollow node never runs a real command",
+            )
             return
         node.running[key] = asyncio.create_task(self._run(node, a))
 
@@ -161,8 +188,13 @@ class HollowFleet:
             if sim.exit_code == 0:
                 await self._report(node, a, TaskState.SUCCEEDED, exit_code=0)
             else:
-                await self._report(node, a, TaskState.FAILED, exit_code=sim.exit_code,
-                                   message=f"simulated exit code {sim.exit_code}")
+                await self._report(
+                    node,
+                    a,
+                    TaskState.FAILED,
+                    exit_code=sim.exit_code,
+                    message=f"simulated exit code {sim.exit_code}",
+                )
         except asyncio.CancelledError:
             if not self._stopping:
                 with contextlib.suppress(Exception):
@@ -171,10 +203,25 @@ class HollowFleet:
         finally:
             node.running.pop(key, None)
 
-    async def _report(self, node: HollowNode, a: Assignment, state: TaskState,
-                      exit_code: int | None = None, message: str = "") -> None:
-        ev = TaskEvent(node.node_id, a.job_id, a.task_id, a.attempt, state, time.time(),
-                       exit_code, None, message)
+    async def _report(
+        self,
+        node: HollowNode,
+        a: Assignment,
+        state: TaskState,
+        exit_code: int | None = None,
+        message: str = "",
+    ) -> None:
+        ev = TaskEvent(
+            node.node_id,
+            a.job_id,
+            a.task_id,
+            a.attempt,
+            state,
+            time.time(),
+            exit_code,
+            None,
+            message,
+        )
         for _ in range(10):
             try:
                 await publish_event(self.js, self.region, ev)

@@ -84,8 +84,9 @@ class Agent:
         if self.store.recovered_from:
             self.note = f"task store was corrupt; moved aside to {self.store.recovered_from}"
             log.error(self.note)
-        self.executor = ProcessExecutor(self.data_dir / "tasks", run_as=self.config.run_as,
-                                        limits=self.config.limits)
+        self.executor = ProcessExecutor(
+            self.data_dir / "tasks", run_as=self.config.run_as, limits=self.config.limits
+        )
         self.gpus = GpuProbe()
         self.gpus.open()
         self.probe = HostProbe(self.data_dir, self.gpus)
@@ -93,8 +94,9 @@ class Agent:
         self.js = self.nc.jetstream(timeout=5.0)
         await ensure_streams(self.js, self.region)
         await self._readopt()
-        self._logs_sub = await self.nc.subscribe(subjects.task_logs(self.region, self.node_id),
-                                                 cb=self._serve_logs)
+        self._logs_sub = await self.nc.subscribe(
+            subjects.task_logs(self.region, self.node_id), cb=self._serve_logs
+        )
         self.feed = AssignmentFeed(self.js, self.region, self.node_id, self._on_assignment)
         await self.feed.start()
         self._tasks = [
@@ -107,8 +109,10 @@ class Agent:
         """Stop the agent. Tasks keep running (a restarted agent re-adopts them) unless
         `kill_tasks`, which is what `mesh up` wants when it shuts everything down."""
         if kill_tasks:
-            await asyncio.gather(*(self.executor.kill(h, 1.0) for h in list(self.handles.values())),
-                                 return_exceptions=True)
+            await asyncio.gather(
+                *(self.executor.kill(h, 1.0) for h in list(self.handles.values())),
+                return_exceptions=True,
+            )
             await asyncio.sleep(0)
         for task in self._tasks:
             task.cancel()
@@ -129,21 +133,41 @@ class Agent:
     def node_state(self, sample: HostSample) -> NodeState:
         self.seq += 1
         gpus = tuple(
-            GpuStatus(g.index, g.uuid, g.model, g.memory_total, g.memory_used,
-                      max(0, min(100, g.utilization)), "none",
-                      tuple(GpuProcessInfo(p.pid, p.used_memory) for p in g.processes[:256]))
+            GpuStatus(
+                g.index,
+                g.uuid,
+                g.model,
+                g.memory_total,
+                g.memory_used,
+                max(0, min(100, g.utilization)),
+                "none",
+                tuple(GpuProcessInfo(p.pid, p.used_memory) for p in g.processes[:256]),
+            )
             for g in sample.gpus
         )
         capacity = Resources(
-            cpu=sample.cpu_count * 1000, memory=sample.memory_total, disk=sample.disk_total,
-            gpu=1000 * len(gpus), gpu_memory=sum(g.memory_total for g in gpus),
+            cpu=sample.cpu_count * 1000,
+            memory=sample.memory_total,
+            disk=sample.disk_total,
+            gpu=1000 * len(gpus),
+            gpu_memory=sum(g.memory_total for g in gpus),
         )
         return NodeState(
-            node_id=self.node_id, region=self.region, seq=self.seq, ts=time.time(),
-            capacity=capacity, zone=self.config.zone, simulated=False,
-            labels=dict(self.config.labels), cpu_percent=min(100.0, sample.cpu_percent),
-            load1=sample.load1, memory_used=sample.memory_used, disk_used=sample.disk_used,
-            gpus=gpus, tasks=tuple(f"{t}#{a}" for t, a in self.handles), note=self.note,
+            node_id=self.node_id,
+            region=self.region,
+            seq=self.seq,
+            ts=time.time(),
+            capacity=capacity,
+            zone=self.config.zone,
+            simulated=False,
+            labels=dict(self.config.labels),
+            cpu_percent=min(100.0, sample.cpu_percent),
+            load1=sample.load1,
+            memory_used=sample.memory_used,
+            disk_used=sample.disk_used,
+            gpus=gpus,
+            tasks=tuple(f"{t}#{a}" for t, a in self.handles),
+            note=self.note,
         )
 
     async def _heartbeat_loop(self) -> None:
@@ -161,20 +185,33 @@ class Agent:
         if a.kind == "kill":
             await self._kill(a)
             return
-        rec = TaskRecord(task_id=a.task_id, attempt=a.attempt, job_id=a.job_id,
-                         state="ACCEPTED", assignment=encode(a), updated=time.time())
+        rec = TaskRecord(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            job_id=a.job_id,
+            state="ACCEPTED",
+            assignment=encode(a),
+            updated=time.time(),
+        )
         if not await self.store.insert_if_new(rec):
             return  # redelivered: we already have it, and never start a task twice
         spec = a.spec
         if spec is None or spec.simulate is not None or not spec.argv:
-            await self._finish(rec, "FAILED", message="refused: a real node runs only tasks "
-                               "with a command (simulated tasks belong on hollow nodes)")
+            await self._finish(
+                rec,
+                "FAILED",
+                message="refused: a real node runs only tasks "
+                "with a command (simulated tasks belong on hollow nodes)",
+            )
             return
         await self._transition(rec, "STARTING")
         exec_spec = ExecSpec(
-            task_id=_exec_id(a.task_id, a.attempt), argv=spec.argv,
-            env=tuple(sorted(spec.env.items())), cwd=spec.workdir,
-            cpu_milli=spec.resources.cpu, memory_bytes=spec.resources.memory,
+            task_id=_exec_id(a.task_id, a.attempt),
+            argv=spec.argv,
+            env=tuple(sorted(spec.env.items())),
+            cwd=spec.workdir,
+            cpu_milli=spec.resources.cpu,
+            memory_bytes=spec.resources.memory,
             max_run_time_s=spec.max_run_time_s,
         )
         try:
@@ -201,8 +238,14 @@ class Agent:
         rec = await self.store.get(a.task_id, a.attempt)
         if rec is None:
             # Killed before its run arrived: leave a tombstone so the run is never started.
-            rec = TaskRecord(task_id=a.task_id, attempt=a.attempt, job_id=a.job_id,
-                             state="ACCEPTED", assignment=b"", updated=time.time())
+            rec = TaskRecord(
+                task_id=a.task_id,
+                attempt=a.attempt,
+                job_id=a.job_id,
+                state="ACCEPTED",
+                assignment=b"",
+                updated=time.time(),
+            )
             if await self.store.insert_if_new(rec):
                 await self._finish(rec, "KILLED", message="killed before it started")
 
@@ -218,25 +261,56 @@ class Agent:
         self.handles.pop(key, None)
         self.killing.discard(key)
         state, message = _outcome(status)
-        await self._finish(rec, state, exit_code=status.exit_code, signal=status.signal,
-                           message=message, log_tail=status.log_tail)
+        await self._finish(
+            rec,
+            state,
+            exit_code=status.exit_code,
+            signal=status.signal,
+            message=message,
+            log_tail=status.log_tail,
+        )
 
     # ------------------------------------------------------------ reporting
 
     async def _transition(self, rec: TaskRecord, state: str) -> None:
         rec.state = state
         await self.store.update(rec.task_id, rec.attempt, state=state, updated=time.time())
-        await self._report(rec, TaskEvent(self.node_id, rec.job_id, rec.task_id, rec.attempt,
-                                          TaskState(state), time.time()))
+        await self._report(
+            rec,
+            TaskEvent(
+                self.node_id, rec.job_id, rec.task_id, rec.attempt, TaskState(state), time.time()
+            ),
+        )
 
-    async def _finish(self, rec: TaskRecord, state: str, *, exit_code: int | None = None,
-                      signal: int | None = None, message: str = "", log_tail: str = "") -> None:
+    async def _finish(
+        self,
+        rec: TaskRecord,
+        state: str,
+        *,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        message: str = "",
+        log_tail: str = "",
+    ) -> None:
         rec.state, rec.exit_code = state, exit_code
-        await self.store.update(rec.task_id, rec.attempt, state=state, exit_code=exit_code,
-                                updated=time.time())
-        await self._report(rec, TaskEvent(
-            self.node_id, rec.job_id, rec.task_id, rec.attempt, TaskState(state), time.time(),
-            exit_code, signal, message[:4096], log_tail[-4096:]))
+        await self.store.update(
+            rec.task_id, rec.attempt, state=state, exit_code=exit_code, updated=time.time()
+        )
+        await self._report(
+            rec,
+            TaskEvent(
+                self.node_id,
+                rec.job_id,
+                rec.task_id,
+                rec.attempt,
+                TaskState(state),
+                time.time(),
+                exit_code,
+                signal,
+                message[:4096],
+                log_tail[-4096:],
+            ),
+        )
 
     async def _report(self, rec: TaskRecord, ev: TaskEvent) -> None:
         try:
@@ -256,13 +330,25 @@ class Agent:
                         continue
                     tail = ""
                     if rec.state in ENDED_HERE:
-                        raw = self.executor.read_log(_exec_id(rec.task_id, rec.attempt),
-                                                     "stderr", 2048)
+                        raw = self.executor.read_log(
+                            _exec_id(rec.task_id, rec.attempt), "stderr", 2048
+                        )
                         tail = raw.decode(errors="replace")
-                    await self._report(rec, TaskEvent(
-                        self.node_id, rec.job_id, rec.task_id, rec.attempt,
-                        TaskState(rec.state), time.time(), rec.exit_code, None,
-                        "reported after agent restart or reconnect", tail))
+                    await self._report(
+                        rec,
+                        TaskEvent(
+                            self.node_id,
+                            rec.job_id,
+                            rec.task_id,
+                            rec.attempt,
+                            TaskState(rec.state),
+                            time.time(),
+                            rec.exit_code,
+                            None,
+                            "reported after agent restart or reconnect",
+                            tail,
+                        ),
+                    )
             except Exception as exc:
                 log.warning("reporter: %s", exc)
 
@@ -273,18 +359,25 @@ class Agent:
             if rec.state in ENDED_HERE:
                 continue  # only a report is owed: the reporter loop sends it
             if rec.state == "RUNNING" and rec.pid is not None and rec.start_time is not None:
-                handle = self.executor.adopt(_exec_id(rec.task_id, rec.attempt), rec.pid,
-                                             rec.start_time)
+                handle = self.executor.adopt(
+                    _exec_id(rec.task_id, rec.attempt), rec.pid, rec.start_time
+                )
                 if handle is not None:
                     log.info("re-adopted %s#%d (pid %d)", rec.task_id, rec.attempt, rec.pid)
                     self._monitor(rec, handle)
                     continue
-                await self._finish_later(rec, "FAILED", "process vanished while the agent was "
-                                         "down (no exit status recorded)")
+                await self._finish_later(
+                    rec,
+                    "FAILED",
+                    "process vanished while the agent was down (no exit status recorded)",
+                )
                 continue
             # Accepted but never known to have started: do not start it now, it may have.
-            await self._finish_later(rec, "FAILED", "agent restarted while starting the task; "
-                                     "not started again so it cannot run twice")
+            await self._finish_later(
+                rec,
+                "FAILED",
+                "agent restarted while starting the task; not started again so it cannot run twice",
+            )
 
     async def _finish_later(self, rec: TaskRecord, state: str, message: str) -> None:
         rec.state = state
@@ -306,12 +399,14 @@ class Agent:
             rec = await self.store.latest(req.task_id)
             attempt = rec.attempt if rec else None
         if attempt is None:
-            await self.nc.publish(msg.reply, error_reply(ErrorCode.NOT_FOUND,
-                                                         f"no task {req.task_id!r} on this node"))
+            await self.nc.publish(
+                msg.reply, error_reply(ErrorCode.NOT_FOUND, f"no task {req.task_id!r} on this node")
+            )
             return
         data = self.executor.read_log(_exec_id(req.task_id, attempt), req.stream, req.tail_bytes)
-        await self.nc.publish(msg.reply, ok(task_id=req.task_id, attempt=attempt,
-                                            stream=req.stream, data=data))
+        await self.nc.publish(
+            msg.reply, ok(task_id=req.task_id, attempt=attempt, stream=req.stream, data=data)
+        )
 
 
 def _exec_id(task_id: str, attempt: int) -> str:
