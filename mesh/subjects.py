@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_ENDPOINT = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*){0,3}$")
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_ENDPOINT = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*){0,3}")
 
 
 class SubjectError(ValueError):
@@ -17,7 +17,7 @@ class SubjectError(ValueError):
 
 
 def token(value: str, what: str = "token") -> str:
-    if not isinstance(value, str) or not _TOKEN.match(value):
+    if not isinstance(value, str) or not _TOKEN.fullmatch(value):
         raise SubjectError(
             f"{what} {value!r} must be 1-64 characters of letters, digits, '_' or '-'"
         )
@@ -78,7 +78,7 @@ def leader_api(region: str, endpoint: str) -> str:
 
 
 def _endpoint(endpoint: str) -> str:
-    if not _ENDPOINT.match(endpoint):
+    if not isinstance(endpoint, str) or not _ENDPOINT.fullmatch(endpoint):
         raise SubjectError(f"endpoint {endpoint!r} is not a valid dotted name")
     return endpoint
 

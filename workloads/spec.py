@@ -1,0 +1,589 @@
+"""Job specs: what a user asks to run, validated once at the edge.
+
+A spec arrives as YAML from a user (hostile until checked) and leaves as frozen dataclasses
+that the rest of Mesh trusts without re-checking. So :func:`parse_job_spec` validates every
+field and every size limit, and reports the first problem as a :class:`SpecError` naming the
+field's path (``tasks[1].resources.memory``) and what is wrong, in words meant for the user.
+
+``JobSpec.to_dict`` is the exact inverse: ``parse_job_spec(spec.to_dict()) == spec`` for every
+valid spec, so a spec can be stored or sent as plain data and read back unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from workloads.quantity import (
+    SpecError,
+    format_bytes,
+    format_cpu,
+    format_gpu,
+    parse_bytes,
+    parse_cpu,
+    parse_duration,
+    parse_gpu,
+)
+from workloads.resources import Resources
+
+__all__ = [
+    "DEFAULT_CPU",
+    "DEFAULT_MEMORY",
+    "MAX_COMMAND_BYTES",
+    "MAX_COUNT",
+    "MAX_ENV_BYTES",
+    "MAX_ENV_ENTRIES",
+    "MAX_EXIT_CODE",
+    "MAX_LABELS",
+    "MAX_LABEL_KEY_LEN",
+    "MAX_LABEL_VALUE_LEN",
+    "MAX_NAME_LEN",
+    "MAX_POOL_DEPTH",
+    "MAX_PRIORITY",
+    "MAX_RETRIES",
+    "MAX_ROLE_LEN",
+    "MAX_SOURCE_BYTES",
+    "MAX_TASKS",
+    "MAX_WORKDIR_LEN",
+    "JobSpec",
+    "RestartPolicy",
+    "SimulatedRun",
+    "TaskGroup",
+    "parse_job_spec",
+]
+
+# Limits. Each bounds what one spec can make the coordinator, the log and an agent hold.
+MAX_SOURCE_BYTES = 1 << 20  # YAML text of one spec
+MAX_NAME_LEN = 63  # job name
+MAX_ROLE_LEN = 32  # task group role
+MAX_TASKS = 10_000  # tasks in a job, all groups together
+MAX_COUNT = 10_000  # tasks in one group
+MAX_COMMAND_BYTES = 64 * 1024  # one group's argv, UTF-8, each argument plus a NUL
+MAX_ENV_ENTRIES = 128  # variables in one group's env
+MAX_ENV_BYTES = 64 * 1024  # one group's env as NAME=value plus a NUL each, UTF-8
+MAX_LABELS = 32  # labels on a job
+MAX_LABEL_KEY_LEN = 63
+MAX_LABEL_VALUE_LEN = 256
+MAX_POOL_DEPTH = 8  # segments in a pool path
+MAX_PRIORITY = 1000
+MAX_RETRIES = 100
+MAX_EXIT_CODE = 255
+MAX_WORKDIR_LEN = 4096
+
+# What a task group gets for the kinds its `resources` leave out: enough to start a small
+# process, so that a spec without resources still places and is still accounted for.
+DEFAULT_CPU = 100  # millicores
+DEFAULT_MEMORY = 64 * 2**20  # bytes (64Mi)
+
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*")
+_ROLE_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
+_POOL_SEGMENT_RE = re.compile(r"[a-z0-9_-]{1,32}")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LABEL_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./-]*")
+
+_JOB_FIELDS = ("name", "pool", "priority", "max_run_time", "restart", "labels", "tasks")
+_GROUP_FIELDS = ("role", "count", "command", "env", "workdir", "resources", "simulate")
+_RESTART_FIELDS = ("max_retries", "reschedule_on_lost")
+_SIMULATE_FIELDS = ("duration", "exit_code")
+_RESOURCE_FIELDS = Resources.KINDS
+_NO_RESOURCES = Resources()  # frozen, so one shared instance is a safe default
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedRun:
+    """A run that only hollow (simulated) agents perform: they report it as lasting
+    ``duration_s`` and ending with ``exit_code``, which lets scale tests and demos drive the
+    whole scheduler without starting processes."""
+
+    duration_s: float
+    exit_code: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskGroup:
+    """``count`` identical tasks that play one ``role`` in a job (e.g. 1 ps, 8 workers).
+
+    ``command`` is an argv; a YAML string command becomes ``("/bin/sh", "-c", cmd)``.
+    ``env`` is sorted by name so that equal environments compare equal.
+    ``resources`` is per task; the parser fills in ``DEFAULT_CPU``/``DEFAULT_MEMORY`` for
+    those kinds a spec leaves out (the dataclass default itself is all zero).
+    """
+
+    role: str
+    count: int = 1
+    command: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    resources: Resources = _NO_RESOURCES
+    simulate: SimulatedRun | None = None
+    workdir: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """What happens to a task whose attempt ended without success."""
+
+    max_retries: int = 0  # re-runs after FAILED
+    reschedule_on_lost: bool = True  # re-place tasks whose node was lost
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A validated job: build it with :func:`parse_job_spec`, not by hand, unless the values
+    are known to be valid (the dataclass itself does not re-check them)."""
+
+    name: str
+    tasks: tuple[TaskGroup, ...]
+    pool: str = "/"
+    priority: int = 0  # 0..MAX_PRIORITY, higher first
+    max_run_time_s: float | None = None
+    restart: RestartPolicy = RestartPolicy()
+    labels: tuple[tuple[str, str], ...] = ()  # sorted by key
+
+    @property
+    def task_count(self) -> int:
+        return sum(group.count for group in self.tasks)
+
+    @property
+    def total_resources(self) -> Resources:
+        """What the whole job asks for at once: what a gang needs free to start."""
+        total = Resources()
+        for group in self.tasks:
+            total += group.resources.scaled(group.count)
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data in the YAML shape, every field explicit (defaults included), so that
+        ``parse_job_spec(spec.to_dict()) == spec``. Quantities are written as exact strings
+        (``"500m"``, ``"64Mi"``, ``"0.25"``), durations as float seconds."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "pool": self.pool,
+            "priority": self.priority,
+            "restart": {
+                "max_retries": self.restart.max_retries,
+                "reschedule_on_lost": self.restart.reschedule_on_lost,
+            },
+            "labels": dict(self.labels),
+            "tasks": [_group_to_dict(group) for group in self.tasks],
+        }
+        if self.max_run_time_s is not None:
+            out["max_run_time"] = float(self.max_run_time_s)
+        return out
+
+
+def _group_to_dict(group: TaskGroup) -> dict[str, Any]:
+    r = group.resources
+    out: dict[str, Any] = {
+        "role": group.role,
+        "count": group.count,
+        "env": dict(group.env),
+        # Every kind, so the parser's defaults never replace an explicit zero.
+        "resources": {
+            "cpu": format_cpu(r.cpu),
+            "memory": format_bytes(r.memory),
+            "disk": format_bytes(r.disk),
+            "gpu": format_gpu(r.gpu),
+            "gpu_memory": format_bytes(r.gpu_memory),
+        },
+    }
+    if group.command:
+        out["command"] = list(group.command)
+    if group.simulate is not None:
+        out["simulate"] = {
+            "duration": float(group.simulate.duration_s),
+            "exit_code": group.simulate.exit_code,
+        }
+    if group.workdir is not None:
+        out["workdir"] = group.workdir
+    return out
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+# libyaml's parser is fast and caps nesting at 1000 levels; the pure-Python one is quadratic in
+# nesting depth (a few KiB of "[" cost seconds), so it is only the fallback.
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_SafeLoader):  # type: ignore[misc, valid-type]
+    """A safe loader that rejects duplicate keys, which plain YAML silently resolves to the
+    last one: in a job spec that hides a mistake (two `resources:` blocks, say)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # unhashable: the base class reports it
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_job_spec(source: str | bytes | Mapping[str, Any]) -> JobSpec:
+    """Validate a job spec given as YAML text, UTF-8 bytes or an already-decoded mapping.
+
+    Raises :class:`SpecError` for the first problem found. A YAML ``null`` counts as the
+    field not being given.
+    """
+    return _job(_load(source))
+
+
+def _load(source: object) -> object:
+    if isinstance(source, Mapping):
+        return source
+    if isinstance(source, bytes | bytearray):
+        if len(source) > MAX_SOURCE_BYTES:
+            raise SpecError("", _too_big("spec", len(source), MAX_SOURCE_BYTES, "MAX_SOURCE_BYTES"))
+        try:
+            source = bytes(source).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise SpecError(
+                "", f"spec is not valid UTF-8: {err.reason} at byte {err.start}"
+            ) from None
+    if not isinstance(source, str):
+        raise SpecError("", f"expected YAML text, bytes or a mapping, got {type(source).__name__}")
+    size = len(source) if len(source) > MAX_SOURCE_BYTES else len(source.encode("utf-8"))
+    if size > MAX_SOURCE_BYTES:
+        raise SpecError("", _too_big("spec", size, MAX_SOURCE_BYTES, "MAX_SOURCE_BYTES"))
+    try:
+        return yaml.load(source, Loader=_Loader)  # _Loader is a SafeLoader
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        raise SpecError("", f"invalid YAML: {where}{err.problem or err.context}") from None
+    except yaml.YAMLError as err:
+        raise SpecError("", f"invalid YAML: {err}") from None
+    except RecursionError:
+        raise SpecError("", "invalid YAML: nested too deeply") from None
+
+
+def _too_big(what: str, size: int, limit: int, name: str) -> str:
+    return f"{what} is {size} bytes, over the limit of {limit} ({name})"
+
+
+def _join(path: str, key: object) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _kind(value: object) -> str:
+    """How a wrong value is described: its YAML-ish type, never its (maybe huge) content."""
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+        type(None): "nothing",
+    }
+    return names.get(type(value), type(value).__name__)
+
+
+def _fields(value: object, path: str, known: tuple[str, ...]) -> dict[str, Any]:
+    """The given (non-null) fields of a mapping; unknown fields are errors, because in a
+    hand-written spec they are nearly always a typo that would otherwise be ignored."""
+    if not isinstance(value, Mapping):
+        raise SpecError(path, f"expected a mapping, got {_kind(value)}")
+    fields: dict[str, Any] = {}
+    for key, item in value.items():
+        if key not in known:
+            raise SpecError(
+                _join(path, str(key)[:64]), f"unknown field (known: {', '.join(sorted(known))})"
+            )
+        if item is not None:
+            fields[key] = item
+    return fields
+
+
+def _int(value: object, field: str, low: int, high: int, limit_name: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(field, f"expected an integer, got {_kind(value)}")
+    if not low <= value <= high:
+        limit = f" ({limit_name})" if limit_name and value > high else ""
+        raise SpecError(field, f"must be between {low} and {high}{limit}, got {value}")
+    return value
+
+
+def _str(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise SpecError(field, f"expected a string, got {_kind(value)}")
+    return value
+
+
+def _scalar_str(value: object, field: str) -> str:
+    """A string, or a number written without quotes (YAML makes ``PORT: 80`` an int)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)
+    if not isinstance(value, str):
+        raise SpecError(field, f"expected a string, got {_kind(value)}")
+    return value
+
+
+def _no_nul(text: str, field: str) -> str:
+    if "\x00" in text:
+        raise SpecError(field, "must not contain a NUL character")
+    return text
+
+
+def _job(data: object) -> JobSpec:
+    if data is None:
+        raise SpecError("", "the spec is empty")
+    f = _fields(data, "", _JOB_FIELDS)
+    name = _name(f.get("name"))
+    pool = _pool(f.get("pool", "/"))
+    priority = _int(f.get("priority", 0), "priority", 0, MAX_PRIORITY, "MAX_PRIORITY")
+    max_run_time = None
+    if "max_run_time" in f:
+        max_run_time = parse_duration(f["max_run_time"], "max_run_time")
+        if max_run_time <= 0:
+            raise SpecError("max_run_time", "must be more than 0")
+    restart = _restart(f.get("restart", {}))
+    labels = _labels(f.get("labels", {}))
+    tasks = _tasks(f.get("tasks"))
+    return JobSpec(
+        name=name,
+        tasks=tasks,
+        pool=pool,
+        priority=priority,
+        max_run_time_s=max_run_time,
+        restart=restart,
+        labels=labels,
+    )
+
+
+def _name(value: object) -> str:
+    if value is None:
+        raise SpecError("name", "required")
+    name = _str(value, "name")
+    if len(name) > MAX_NAME_LEN:
+        raise SpecError(
+            "name", f"at most {MAX_NAME_LEN} characters (MAX_NAME_LEN), got {len(name)}"
+        )
+    if not _NAME_RE.fullmatch(name):
+        raise SpecError(
+            "name", f"use a-z, 0-9, '_', '.' and '-', starting with a letter or digit; got {name!r}"
+        )
+    return name
+
+
+def _pool(value: object) -> str:
+    pool = _str(value, "pool")
+    if pool == "/":
+        return pool
+    segments = pool.split("/")
+    if segments[0] != "" or not all(_POOL_SEGMENT_RE.fullmatch(s) for s in segments[1:]):
+        raise SpecError(
+            "pool",
+            "expected '/' or a path like /ml/vision (segments of 1-32 "
+            f"a-z, 0-9, '_', '-'); got {pool[:80]!r}",
+        )
+    if len(segments) - 1 > MAX_POOL_DEPTH:
+        raise SpecError(
+            "pool",
+            f"at most {MAX_POOL_DEPTH} levels deep (MAX_POOL_DEPTH), got {len(segments) - 1}",
+        )
+    return pool
+
+
+def _restart(value: object) -> RestartPolicy:
+    f = _fields(value, "restart", _RESTART_FIELDS)
+    retries = _int(f.get("max_retries", 0), "restart.max_retries", 0, MAX_RETRIES, "MAX_RETRIES")
+    on_lost = f.get("reschedule_on_lost", True)
+    if not isinstance(on_lost, bool):
+        raise SpecError(
+            "restart.reschedule_on_lost", f"expected true or false, got {_kind(on_lost)}"
+        )
+    return RestartPolicy(max_retries=retries, reschedule_on_lost=on_lost)
+
+
+def _labels(value: object) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, Mapping):
+        raise SpecError("labels", f"expected a mapping, got {_kind(value)}")
+    if len(value) > MAX_LABELS:
+        raise SpecError("labels", f"at most {MAX_LABELS} labels (MAX_LABELS), got {len(value)}")
+    labels: dict[str, str] = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise SpecError("labels", f"label names must be strings, got {_kind(key)}")
+        field = f"labels.{key[:MAX_LABEL_KEY_LEN]}"
+        if len(key) > MAX_LABEL_KEY_LEN:
+            raise SpecError(
+                field, f"label name longer than {MAX_LABEL_KEY_LEN} characters (MAX_LABEL_KEY_LEN)"
+            )
+        if not _LABEL_KEY_RE.fullmatch(key):
+            raise SpecError(
+                field,
+                "label names use A-Z, a-z, 0-9, '_', '.', '/', '-', starting "
+                "with a letter or digit",
+            )
+        text = _scalar_str(item, field)
+        if len(text) > MAX_LABEL_VALUE_LEN:
+            raise SpecError(
+                field,
+                f"at most {MAX_LABEL_VALUE_LEN} characters (MAX_LABEL_VALUE_LEN), got {len(text)}",
+            )
+        labels[key] = text
+    return tuple(sorted(labels.items()))
+
+
+def _tasks(value: object) -> tuple[TaskGroup, ...]:
+    if value is None:
+        raise SpecError("tasks", "a job needs at least one task group")
+    if not isinstance(value, list | tuple):
+        raise SpecError("tasks", f"expected a list of task groups, got {_kind(value)}")
+    if not value:
+        raise SpecError("tasks", "a job needs at least one task group")
+    if len(value) > MAX_TASKS:
+        raise SpecError(
+            "tasks", f"at most {MAX_TASKS} tasks in a job (MAX_TASKS), got {len(value)} groups"
+        )
+    groups: list[TaskGroup] = []
+    roles: set[str] = set()
+    total = 0
+    for i, item in enumerate(value):
+        group = _group(item, f"tasks[{i}]", roles)
+        total += group.count
+        if total > MAX_TASKS:
+            raise SpecError(
+                "tasks", f"at most {MAX_TASKS} tasks in a job (MAX_TASKS), got {total} or more"
+            )
+        groups.append(group)
+    return tuple(groups)
+
+
+def _group(value: object, path: str, roles: set[str]) -> TaskGroup:
+    f = _fields(value, path, _GROUP_FIELDS)
+    role = _role(f.get("role"), f"{path}.role", roles)
+    count = _int(f.get("count", 1), f"{path}.count", 1, MAX_COUNT, "MAX_COUNT")
+    command = _command(f["command"], f"{path}.command") if "command" in f else ()
+    env = _env(f.get("env", {}), f"{path}.env")
+    workdir = _workdir(f["workdir"], f"{path}.workdir") if "workdir" in f else None
+    resources = _resources(f.get("resources", {}), f"{path}.resources")
+    simulate = _simulate(f["simulate"], f"{path}.simulate") if "simulate" in f else None
+    if not command and simulate is None:
+        raise SpecError(f"{path}.command", "required (or give `simulate` for a simulated run)")
+    return TaskGroup(
+        role=role,
+        count=count,
+        command=command,
+        env=env,
+        resources=resources,
+        simulate=simulate,
+        workdir=workdir,
+    )
+
+
+def _role(value: object, field: str, roles: set[str]) -> str:
+    if value is None:
+        raise SpecError(field, "required")
+    role = _str(value, field)
+    if len(role) > MAX_ROLE_LEN:
+        raise SpecError(field, f"at most {MAX_ROLE_LEN} characters (MAX_ROLE_LEN), got {len(role)}")
+    if not _ROLE_RE.fullmatch(role):
+        raise SpecError(
+            field, f"use a-z, 0-9, '_' and '-', starting with a letter or digit; got {role!r}"
+        )
+    if role in roles:
+        raise SpecError(field, f"duplicate role {role!r}: roles must be unique within a job")
+    roles.add(role)
+    return role
+
+
+def _command(value: object, field: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        if not value.strip():
+            raise SpecError(field, "must not be empty")
+        argv: tuple[str, ...] = ("/bin/sh", "-c", value)
+    elif isinstance(value, list | tuple):
+        if not value:
+            raise SpecError(field, "must not be empty")
+        if len(value) > MAX_COMMAND_BYTES:  # each argument takes at least its NUL
+            raise SpecError(
+                field, _too_big("command", len(value), MAX_COMMAND_BYTES, "MAX_COMMAND_BYTES")
+            )
+        argv = tuple(_scalar_str(arg, f"{field}[{i}]") for i, arg in enumerate(value))
+        if not argv[0]:
+            raise SpecError(f"{field}[0]", "the program must not be empty")
+    else:
+        raise SpecError(field, f"expected a string or a list of arguments, got {_kind(value)}")
+    size = 0
+    for i, arg in enumerate(argv):
+        _no_nul(arg, field if isinstance(value, str) else f"{field}[{i}]")
+        size += len(arg.encode("utf-8")) + 1
+    if size > MAX_COMMAND_BYTES:
+        raise SpecError(field, _too_big("command", size, MAX_COMMAND_BYTES, "MAX_COMMAND_BYTES"))
+    return argv
+
+
+def _env(value: object, field: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, Mapping):
+        raise SpecError(field, f"expected a mapping of NAME: value, got {_kind(value)}")
+    if len(value) > MAX_ENV_ENTRIES:
+        raise SpecError(
+            field, f"at most {MAX_ENV_ENTRIES} variables (MAX_ENV_ENTRIES), got {len(value)}"
+        )
+    env: dict[str, str] = {}
+    size = 0
+    for name, item in value.items():
+        if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name):
+            shown = name[:64] if isinstance(name, str) else name
+            raise SpecError(
+                field,
+                f"variable names use A-Z, a-z, 0-9 and '_', not starting "
+                f"with a digit; got {shown!r}",
+            )
+        text = _no_nul(_scalar_str(item, f"{field}.{name}"), f"{field}.{name}")
+        size += len(name.encode("utf-8")) + len(text.encode("utf-8")) + 2
+        if size > MAX_ENV_BYTES:
+            raise SpecError(field, f"over the limit of {MAX_ENV_BYTES} bytes (MAX_ENV_BYTES)")
+        env[name] = text
+    return tuple(sorted(env.items()))
+
+
+def _workdir(value: object, field: str) -> str:
+    workdir = _no_nul(_str(value, field), field)
+    if len(workdir) > MAX_WORKDIR_LEN:
+        raise SpecError(field, f"at most {MAX_WORKDIR_LEN} characters (MAX_WORKDIR_LEN)")
+    if not workdir.startswith("/"):
+        raise SpecError(field, f"must be an absolute path, got {workdir[:80]!r}")
+    return workdir
+
+
+def _resources(value: object, path: str) -> Resources:
+    f = _fields(value, path, _RESOURCE_FIELDS)
+    cpu = parse_cpu(f["cpu"], f"{path}.cpu") if "cpu" in f else DEFAULT_CPU
+    memory = parse_bytes(f["memory"], f"{path}.memory") if "memory" in f else DEFAULT_MEMORY
+    disk = parse_bytes(f["disk"], f"{path}.disk") if "disk" in f else 0
+    gpu = parse_gpu(f["gpu"], f"{path}.gpu") if "gpu" in f else 0
+    gpu_memory = parse_bytes(f["gpu_memory"], f"{path}.gpu_memory") if "gpu_memory" in f else 0
+    if gpu_memory and not gpu:
+        raise SpecError(f"{path}.gpu_memory", "needs a gpu request too (set gpu)")
+    return Resources(cpu=cpu, memory=memory, disk=disk, gpu=gpu, gpu_memory=gpu_memory)
+
+
+def _simulate(value: object, path: str) -> SimulatedRun:
+    f = _fields(value, path, _SIMULATE_FIELDS)
+    if "duration" not in f:
+        raise SpecError(f"{path}.duration", "required")
+    duration = parse_duration(f["duration"], f"{path}.duration")
+    exit_code = _int(f.get("exit_code", 0), f"{path}.exit_code", 0, MAX_EXIT_CODE)
+    return SimulatedRun(duration_s=duration, exit_code=exit_code)
