@@ -358,26 +358,28 @@ class Agent:
         for rec in await self.store.active():
             if rec.state in ENDED_HERE:
                 continue  # only a report is owed: the reporter loop sends it
-            if rec.state == "RUNNING" and rec.pid is not None and rec.start_time is not None:
-                handle = self.executor.adopt(
-                    _exec_id(rec.task_id, rec.attempt), rec.pid, rec.start_time
-                )
+            exec_id = _exec_id(rec.task_id, rec.attempt)
+            pid, start_time = rec.pid, rec.start_time
+            if pid is None:
+                # Died between start() and storing the pid: the executor wrote both down
+                # before it let the command run.
+                recorded = self.executor.recorded(exec_id)
+                if recorded is not None:
+                    pid, start_time = recorded.pid, recorded.start_time
+            if pid is not None and start_time is not None:
+                handle = self.executor.adopt(exec_id, pid, start_time)
                 if handle is not None:
-                    log.info("re-adopted %s#%d (pid %d)", rec.task_id, rec.attempt, rec.pid)
+                    log.info("re-adopted %s#%d (pid %d)", rec.task_id, rec.attempt, pid)
+                    if rec.state != "RUNNING":
+                        await self._transition(rec, "RUNNING")
                     self._monitor(rec, handle)
                     continue
-                await self._finish_later(
-                    rec,
-                    "FAILED",
-                    "process vanished while the agent was down (no exit status recorded)",
-                )
+                await self._finish_later(rec, "FAILED", "process vanished while the agent was "
+                                         "down (no exit status recorded)")
                 continue
-            # Accepted but never known to have started: do not start it now, it may have.
-            await self._finish_later(
-                rec,
-                "FAILED",
-                "agent restarted while starting the task; not started again so it cannot run twice",
-            )
+            # Accepted but its command was never released: safe to say it did not run.
+            await self._finish_later(rec, "FAILED", "agent restarted before the task started; "
+                                     "the coordinator may retry it")
 
     async def _finish_later(self, rec: TaskRecord, state: str, message: str) -> None:
         rec.state = state
