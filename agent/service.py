@@ -195,6 +195,9 @@ class Agent:
         )
         if not await self.store.insert_if_new(rec):
             return  # redelivered: we already have it, and never start a task twice
+        await self._launch(rec, a)
+
+    async def _launch(self, rec: TaskRecord, a: Assignment) -> None:
         spec = a.spec
         if spec is None or spec.simulate is not None or not spec.argv:
             await self._finish(
@@ -377,9 +380,14 @@ class Agent:
                 await self._finish_later(rec, "FAILED", "process vanished while the agent was "
                                          "down (no exit status recorded)")
                 continue
-            # Accepted but its command was never released: safe to say it did not run.
-            await self._finish_later(rec, "FAILED", "agent restarted before the task started; "
-                                     "the coordinator may retry it")
+            # Accepted but its command was never released: it has not run, so start it now.
+            try:
+                assignment = decode(Assignment, rec.assignment)
+            except WireError:
+                await self._finish_later(rec, "FAILED", "agent restarted before the task "
+                                         "started and its assignment is unreadable")
+                continue
+            await self._launch(rec, assignment)
 
     async def _finish_later(self, rec: TaskRecord, state: str, message: str) -> None:
         rec.state = state
