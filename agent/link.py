@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
@@ -59,7 +59,7 @@ class AssignmentFeed:
         while True:
             try:
                 msgs = await self._psub.fetch(1, timeout=1.0)
-            except (NatsTimeout, asyncio.TimeoutError):
+            except (TimeoutError, NatsTimeout):
                 continue
             except Exception as exc:
                 log.debug("assignment fetch: %s", exc)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 import socket
 import time
@@ -377,15 +376,21 @@ class Agent:
                         await self._transition(rec, "RUNNING")
                     self._monitor(rec, handle)
                     continue
-                await self._finish_later(rec, "FAILED", "process vanished while the agent was "
-                                         "down (no exit status recorded)")
+                await self._finish_later(
+                    rec,
+                    "FAILED",
+                    "process vanished while the agent was down (no exit status recorded)",
+                )
                 continue
             # Accepted but its command was never released: it has not run, so start it now.
             try:
                 assignment = decode(Assignment, rec.assignment)
             except WireError:
-                await self._finish_later(rec, "FAILED", "agent restarted before the task "
-                                         "started and its assignment is unreadable")
+                await self._finish_later(
+                    rec,
+                    "FAILED",
+                    "agent restarted before the task started and its assignment is unreadable",
+                )
                 continue
             await self._launch(rec, assignment)
 

@@ -16,7 +16,9 @@ import bench
 
 
 def available() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
+    return sorted(
+        m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_")
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -12,7 +12,8 @@ import asyncio
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import nats.micro
 from nats.errors import NoRespondersError
@@ -45,14 +46,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("mesh.api")
 
 MAX_REQUEST = 1024 * 1024
-ENDPOINTS = ("job.submit", "job.get", "job.list", "job.kill", "node.list", "node.get",
-             "cluster.info")
+ENDPOINTS = (
+    "job.submit",
+    "job.get",
+    "job.list",
+    "job.kill",
+    "node.list",
+    "node.get",
+    "cluster.info",
+)
 WRITES = frozenset({"job.submit", "job.kill"})
 VERSION = "0.1.0"
 
 
 class Api:
-    def __init__(self, coord: "Coordinator") -> None:
+    def __init__(self, coord: Coordinator) -> None:
         self.coord = coord
         self.service: nats.micro.Service | None = None
         self._leader_subs: list[Any] = []
@@ -72,14 +80,17 @@ class Api:
     async def start(self) -> None:
         c = self.coord
         self.service = await nats.micro.add_service(
-            c.nc, name=subjects.SERVICE_NAME, version=VERSION,
+            c.nc,
+            name=subjects.SERVICE_NAME,
+            version=VERSION,
             description=f"Mesh request API, region {c.region}",
             metadata={"region": c.region, "candidate": c.candidate_id},
         )
         group = self.service.add_group(name=subjects.api_prefix(c.region))
         for endpoint in ENDPOINTS:
             await group.add_endpoint(
-                name=endpoint.replace(".", "_"), subject=endpoint,
+                name=endpoint.replace(".", "_"),
+                subject=endpoint,
                 handler=self._micro_handler(endpoint),
             )
 
@@ -94,7 +105,8 @@ class Api:
         for endpoint in ENDPOINTS:
             sub = await self.coord.nc.subscribe(
                 subjects.leader_api(self.coord.region, endpoint),
-                queue="leader", cb=self._leader_handler(endpoint),
+                queue="leader",
+                cb=self._leader_handler(endpoint),
             )
             self._leader_subs.append(sub)
 
@@ -109,28 +121,35 @@ class Api:
     def _micro_handler(self, endpoint: str):
         async def handle(req: nats.micro.Request) -> None:
             await req.respond(await self.call(endpoint, req.data, forward=True))
+
         return handle
 
     def _leader_handler(self, endpoint: str):
         async def handle(msg) -> None:
             if msg.reply:
-                await self.coord.nc.publish(msg.reply, await self.call(endpoint, msg.data,
-                                                                      forward=False))
+                await self.coord.nc.publish(
+                    msg.reply, await self.call(endpoint, msg.data, forward=False)
+                )
+
         return handle
 
     async def call(self, endpoint: str, data: bytes, forward: bool) -> bytes:
         """Answer one request; never raises."""
         try:
             if len(data) > MAX_REQUEST:
-                raise ApiError(ErrorCode.TOO_LARGE,
-                               f"request of {len(data)} bytes exceeds the {MAX_REQUEST}-byte limit")
+                raise ApiError(
+                    ErrorCode.TOO_LARGE,
+                    f"request of {len(data)} bytes exceeds the {MAX_REQUEST}-byte limit",
+                )
             if self.coord.leader is None and forward:
                 forwarded = await self._forward(endpoint, data)
                 if forwarded is not None:
                     return forwarded
                 if endpoint in WRITES:
-                    raise ApiError(ErrorCode.NOT_LEADER,
-                                   "no leader is elected right now; retry in a few seconds")
+                    raise ApiError(
+                        ErrorCode.NOT_LEADER,
+                        "no leader is elected right now; retry in a few seconds",
+                    )
             elif self.coord.leader is None and endpoint in WRITES:
                 raise ApiError(ErrorCode.NOT_LEADER, "this candidate no longer leads; retry")
             return await self.handlers[endpoint](data)
@@ -143,20 +162,25 @@ class Api:
     async def _forward(self, endpoint: str, data: bytes) -> bytes | None:
         try:
             msg = await self.coord.nc.request(
-                subjects.leader_api(self.coord.region, endpoint), data, timeout=10.0)
+                subjects.leader_api(self.coord.region, endpoint), data, timeout=10.0
+            )
             return msg.data
         except NoRespondersError:
             return None
         except NatsTimeout:
-            raise ApiError(ErrorCode.UNAVAILABLE, "the leader did not answer in time; retry")
+            raise ApiError(
+                ErrorCode.UNAVAILABLE, "the leader did not answer in time; retry"
+            ) from None
 
     # ------------------------------------------------------------ writes
 
     async def job_submit(self, data: bytes) -> bytes:
         req = _decode(SubmitRequest, data)
         if not req.client_id:
-            raise ApiError(ErrorCode.BAD_REQUEST, "client_id: required (a unique id per submit, "
-                                                  "reused on retry)")
+            raise ApiError(
+                ErrorCode.BAD_REQUEST,
+                "client_id: required (a unique id per submit, reused on retry)",
+            )
         try:
             spec = parse_job_spec(req.spec if req.spec is not None else "")
         except SpecError as exc:
@@ -172,8 +196,9 @@ class Api:
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._inflight[req.client_id] = fut
         try:
-            await self._append(leader, [JobSubmitted(job_id, req.client_id, spec.to_dict(),
-                                                     time.time())])
+            await self._append(
+                leader, [JobSubmitted(job_id, req.client_id, spec.to_dict(), time.time())]
+            )
             fut.set_result(job_id)
         except BaseException as exc:
             fut.set_exception(exc)
@@ -191,8 +216,10 @@ class Api:
             raise ApiError(ErrorCode.CONFLICT, f"job {job.job_id} already ended ({job.state})")
         leader = self._leader()
         if not job.kill_requested:
-            await self._append(leader, [JobKillRequested(job.job_id, time.time(),
-                                                         req.reason or "killed by request")])
+            await self._append(
+                leader,
+                [JobKillRequested(job.job_id, time.time(), req.reason or "killed by request")],
+            )
             leader.wake()
         return ok(job_id=job.job_id)
 
@@ -206,9 +233,13 @@ class Api:
         try:
             await leader.writer.append(events)
         except Fenced:
-            raise ApiError(ErrorCode.NOT_LEADER, "leadership changed during the write; retry")
+            raise ApiError(
+                ErrorCode.NOT_LEADER, "leadership changed during the write; retry"
+            ) from None
         except Unavailable as exc:
-            raise ApiError(ErrorCode.UNAVAILABLE, f"job log not writable: {exc}; retry")
+            raise ApiError(
+                ErrorCode.UNAVAILABLE, f"job log not writable: {exc}; retry"
+            ) from None
 
     # ------------------------------------------------------------ reads
 
@@ -227,8 +258,10 @@ class Api:
     async def job_list(self, data: bytes) -> bytes:
         req = _decode(JobListRequest, data or b"\x80")
         if req.state is not None and req.state not in JobState.__members__:
-            raise ApiError(ErrorCode.BAD_REQUEST,
-                           f"state: {req.state!r} is not one of {', '.join(JobState.__members__)}")
+            raise ApiError(
+                ErrorCode.BAD_REQUEST,
+                f"state: {req.state!r} is not one of {', '.join(JobState.__members__)}",
+            )
         jobs = sorted(self.coord.state.jobs.values(), key=lambda j: -j.submit_seq)
         out = []
         for job in jobs:

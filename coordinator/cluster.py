@@ -16,7 +16,7 @@ READY, SUSPECT, DOWN = "ready", "suspect", "down"
 @dataclass(slots=True)
 class NodeView:
     state: NodeState
-    last_seen: float           # receiver's monotonic clock: senders' clocks are not trusted
+    last_seen: float  # receiver's monotonic clock: senders' clocks are not trusted
     status: str = READY
 
     @property
@@ -45,8 +45,6 @@ class ClusterView:
         if view is None:
             self.nodes[state.node_id] = NodeView(state, now)
             return True
-        if state.seq < view.state.seq and view.status == READY:
-            return False  # reordered old heartbeat (a restarted agent starts again at 0 only after DOWN)
         came_back = view.status != READY
         view.state, view.last_seen, view.status = state, now, READY
         return came_back
@@ -56,7 +54,9 @@ class ClusterView:
         changed = []
         for view in self.nodes.values():
             age = now - view.last_seen
-            status = DOWN if age >= self.down_after else SUSPECT if age >= self.suspect_after else READY
+            status = (
+                DOWN if age >= self.down_after else SUSPECT if age >= self.suspect_after else READY
+            )
             if status != view.status:
                 view.status = status
                 changed.append(view.node_id)

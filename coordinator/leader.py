@@ -45,12 +45,13 @@ EVENTS_ACK_WAIT_S = 3.0
 
 
 class Leader:
-    def __init__(self, coord: "Coordinator", term: int) -> None:
+    def __init__(self, coord: Coordinator, term: int) -> None:
         self.coord = coord
         self.term = term
         self.state = coord.state
-        self.writer = LogWriter(coord.js, coord.region, coord.state, term, coord.candidate_id,
-                                on_fenced=self._fenced)
+        self.writer = LogWriter(
+            coord.js, coord.region, coord.state, term, coord.candidate_id, on_fenced=self._fenced
+        )
         self.unplaced: dict[str, str] = {}
         self.bad_events = 0
         self._wake = asyncio.Event()
@@ -84,7 +85,8 @@ class Leader:
     async def _fenced(self) -> None:
         log.warning("%s was fenced off the job log: stepping down", self.coord.candidate_id)
         asyncio.get_running_loop().call_soon(
-            lambda: asyncio.ensure_future(self.coord.step_down(self.term)))
+            lambda: asyncio.ensure_future(self.coord.step_down(self.term))
+        )
 
     def _seed_unheard_nodes(self) -> None:
         """Nodes holding tasks that this candidate never heard from: start their clock
@@ -128,20 +130,28 @@ class Leader:
         g = t.group
         job = self.state.jobs[t.job_id]
         spec = TaskSpec(
-            argv=g.command, env=dict(g.env), workdir=g.workdir, resources=g.resources,
-            simulate=g.simulate, max_run_time_s=job.spec.max_run_time_s, gpu_uuids=t.gpu_uuids,
+            argv=g.command,
+            env=dict(g.env),
+            workdir=g.workdir,
+            resources=g.resources,
+            simulate=g.simulate,
+            max_run_time_s=job.spec.max_run_time_s,
+            gpu_uuids=t.gpu_uuids,
         )
-        return Assignment("run", t.node_id, t.job_id, t.task_id, t.attempt, self.term,
-                          time.time(), spec)
+        return Assignment(
+            "run", t.node_id, t.job_id, t.task_id, t.attempt, self.term, time.time(), spec
+        )
 
     async def _publish_runs(self, tasks: list[TaskRecord]) -> None:
-        await asyncio.gather(*(
-            self._publish(self._run_assignment(t), f"run:{t.task_id}:{t.attempt}") for t in tasks
-        ))
+        await asyncio.gather(
+            *(self._publish(self._run_assignment(t), f"run:{t.task_id}:{t.attempt}") for t in tasks)
+        )
 
     async def _republish_placed(self) -> None:
         """A previous leader may have logged a placement and died before sending it."""
-        placed = [t for tid in sorted(self.state.tasks) if (t := self.state.tasks[tid]).state == "PLACED"]
+        placed = [
+            t for tid in sorted(self.state.tasks) if (t := self.state.tasks[tid]).state == "PLACED"
+        ]
         if placed:
             await self._publish_runs(placed)
 
@@ -154,21 +164,26 @@ class Leader:
                 self._kills_sent[key] = now
                 due.append(k)
         if len(self._kills_sent) > 10_000:
-            self._kills_sent = {k: v for k, v in self._kills_sent.items()
-                                if now - v < KILL_RESEND_S}
-        await asyncio.gather(*(
-            self._publish(
-                Assignment("kill", k.node_id, k.job_id, k.task_id, k.attempt, self.term,
-                           time.time()),
-                f"kill:{k.task_id}:{k.attempt}:{int(now)}",
+            self._kills_sent = {
+                k: v for k, v in self._kills_sent.items() if now - v < KILL_RESEND_S
+            }
+        await asyncio.gather(
+            *(
+                self._publish(
+                    Assignment(
+                        "kill", k.node_id, k.job_id, k.task_id, k.attempt, self.term, time.time()
+                    ),
+                    f"kill:{k.task_id}:{k.attempt}:{int(now)}",
+                )
+                for k in due
             )
-            for k in due
-        ))
+        )
 
     async def _publish(self, a: Assignment, msg_id: str) -> None:
         try:
             await self.coord.js.publish(
-                subjects.assign(self.coord.region, a.node_id), encode(a),
+                subjects.assign(self.coord.region, a.node_id),
+                encode(a),
                 stream=subjects.assign_stream(self.coord.region),
                 headers={"Nats-Msg-Id": msg_id},
             )
@@ -180,7 +195,8 @@ class Leader:
     async def _events_loop(self) -> None:
         c = self.coord
         psub = await c.js.pull_subscribe(
-            subjects.events_all(c.region), durable=subjects.events_consumer(),
+            subjects.events_all(c.region),
+            durable=subjects.events_consumer(),
             stream=subjects.events_stream(c.region),
             # A new leader gets what its predecessor fetched but never acknowledged
             # after this long, so keep it short.
@@ -189,7 +205,7 @@ class Leader:
         while True:
             try:
                 msgs = await psub.fetch(1, timeout=1.0)
-            except (NatsTimeout, asyncio.TimeoutError):
+            except (TimeoutError, NatsTimeout):
                 continue
             except Exception as exc:
                 log.debug("events fetch: %s", exc)
@@ -217,12 +233,30 @@ class Leader:
             if t is None:
                 continue
             if ev.attempt == t.attempt and ev.node_id == t.node_id:
-                updates.append(TaskUpdated(ev.job_id, ev.task_id, ev.attempt, ev.state,
-                                           ev.node_id, ev.ts, ev.exit_code, ev.signal,
-                                           ev.message, ev.log_tail))
+                updates.append(
+                    TaskUpdated(
+                        ev.job_id,
+                        ev.task_id,
+                        ev.attempt,
+                        ev.state,
+                        ev.node_id,
+                        ev.ts,
+                        ev.exit_code,
+                        ev.signal,
+                        ev.message,
+                        ev.log_tail,
+                    )
+                )
             elif ev.state not in ENDED and ev.state not in FINAL:
-                stale.append(Kill(ev.node_id, ev.job_id, ev.task_id, ev.attempt,
-                                  "stale copy: this attempt is no longer assigned to this node"))
+                stale.append(
+                    Kill(
+                        ev.node_id,
+                        ev.job_id,
+                        ev.task_id,
+                        ev.attempt,
+                        "stale copy: this attempt is no longer assigned to this node",
+                    )
+                )
         if updates:
             try:
                 await self.writer.append(updates)

@@ -46,8 +46,8 @@ class GangRequest:
 
 @dataclass(frozen=True, slots=True)
 class PlacementResult:
-    placed: tuple[tuple[str, str], ...]          # (task_id, node_id)
-    unplaced: Mapping[str, str]                  # job_id -> why it did not fit
+    placed: tuple[tuple[str, str], ...]  # (task_id, node_id)
+    unplaced: Mapping[str, str]  # job_id -> why it did not fit
 
 
 def filter_reason(node: NodeCandidate, free: Resources, task: TaskRequest) -> str | None:

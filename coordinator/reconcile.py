@@ -53,8 +53,17 @@ def _lose_tasks_on_down_nodes(
             continue  # the shell seeds nodes it never heard from, so silence still ends in DOWN
         for tid in sorted(held):
             t = state.tasks[tid]
-            d.events.append(TaskUpdated(t.job_id, tid, t.attempt, TaskState.LOST, node_id, now,
-                                        message=f"lost: node {node_id} stopped heartbeating"))
+            d.events.append(
+                TaskUpdated(
+                    t.job_id,
+                    tid,
+                    t.attempt,
+                    TaskState.LOST,
+                    node_id,
+                    now,
+                    message=f"lost: node {node_id} stopped heartbeating",
+                )
+            )
 
 
 def _requeue_or_settle(state: RegionState, now: float, d: Decisions) -> None:
@@ -82,11 +91,23 @@ def _kill_requested_jobs(state: RegionState, now: float, d: Decisions) -> None:
         job = state.jobs[job_id]
         for t in job.tasks.values():
             if t.state == TaskState.PENDING:
-                d.events.append(TaskUpdated(job.job_id, t.task_id, t.attempt, TaskState.KILLED,
-                                            "", now, message=job.kill_reason or "job killed"))
+                d.events.append(
+                    TaskUpdated(
+                        job.job_id,
+                        t.task_id,
+                        t.attempt,
+                        TaskState.KILLED,
+                        "",
+                        now,
+                        message=job.kill_reason or "job killed",
+                    )
+                )
             elif t.state in HOLDING:
-                d.kills.append(Kill(t.node_id, job.job_id, t.task_id, t.attempt,
-                                    job.kill_reason or "job killed"))
+                d.kills.append(
+                    Kill(
+                        t.node_id, job.job_id, t.task_id, t.attempt, job.kill_reason or "job killed"
+                    )
+                )
 
 
 def _kill_stale_copies(state: RegionState, nodes: dict[str, NodeView], d: Decisions) -> None:
@@ -103,25 +124,43 @@ def _kill_stale_copies(state: RegionState, nodes: dict[str, NodeView], d: Decisi
             attempt = int(attempt_s)
             if t.state in HOLDING and t.node_id == view.node_id and t.attempt == attempt:
                 continue
-            d.kills.append(Kill(view.node_id, t.job_id, tid, attempt,
-                                "stale copy: this attempt is no longer assigned to this node"))
+            d.kills.append(
+                Kill(
+                    view.node_id,
+                    t.job_id,
+                    tid,
+                    attempt,
+                    "stale copy: this attempt is no longer assigned to this node",
+                )
+            )
 
 
-def _place_waiting(state: RegionState, nodes: dict[str, NodeView], now: float, d: Decisions) -> None:
+def _place_waiting(
+    state: RegionState, nodes: dict[str, NodeView], now: float, d: Decisions
+) -> None:
     waiting = state.pending_jobs()
     if not waiting:
         return
     candidates = [
-        NodeCandidate(v.node_id, v.state.capacity, v.state.capacity - state.allocated(v.node_id),
-                      v.state.simulated, v.state.labels)
+        NodeCandidate(
+            v.node_id,
+            v.state.capacity,
+            v.state.capacity - state.allocated(v.node_id),
+            v.state.simulated,
+            v.state.labels,
+        )
         for v in sorted(nodes.values(), key=lambda v: v.node_id)
         if v.status == READY
     ]
     gangs = [
-        GangRequest(job.job_id, tuple(
-            TaskRequest(t.task_id, t.resources, t.simulated)
-            for t in job.tasks.values() if t.state == TaskState.PENDING
-        ))
+        GangRequest(
+            job.job_id,
+            tuple(
+                TaskRequest(t.task_id, t.resources, t.simulated)
+                for t in job.tasks.values()
+                if t.state == TaskState.PENDING
+            ),
+        )
         for job in waiting
     ]
     result = place(candidates, gangs)

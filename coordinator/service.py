@@ -56,19 +56,28 @@ class Coordinator:
 
     async def start(self) -> None:
         c = self.config
-        self.nc = await connect(c.nats_url, name=f"coordinator:{self.candidate_id}",
-                                **c.connect_options)
+        self.nc = await connect(
+            c.nats_url, name=f"coordinator:{self.candidate_id}", **c.connect_options
+        )
         self.js = self.nc.jetstream(timeout=5.0)
         await ensure_streams(self.js, self.region, c.replicas)
         self.follower = LogFollower(self.js, self.region, self.state)
         await self.follower.start()
         await self.follower.catch_up(timeout=30.0)
-        self._state_sub = await self.nc.subscribe(subjects.state_all(self.region),
-                                                  cb=self._on_state)
+        self._state_sub = await self.nc.subscribe(
+            subjects.state_all(self.region), cb=self._on_state
+        )
         await self.api.start()
-        self.lease = Lease(self.js, subjects.lease_bucket(self.region), subjects.LEADER_KEY,
-                           self.candidate_id, ttl=c.lease_ttl, on_elected=self._elected,
-                           on_lost=self.step_down, replicas=c.replicas)
+        self.lease = Lease(
+            self.js,
+            subjects.lease_bucket(self.region),
+            subjects.LEADER_KEY,
+            self.candidate_id,
+            ttl=c.lease_ttl,
+            on_elected=self._elected,
+            on_lost=self.step_down,
+            replicas=c.replicas,
+        )
         await self.lease.start()
         log.info("candidate %s started in region %s", self.candidate_id, self.region)
 

@@ -45,7 +45,7 @@ class TaskRecord:
     signal: int | None = None
     message: str = ""
     log_tail: str = ""
-    failures: int = 0                 # attempts that ended FAILED (counts against max_retries)
+    failures: int = 0  # attempts that ended FAILED (counts against max_retries)
     placed_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
@@ -91,7 +91,7 @@ class JobRecord:
     kill_requested: bool = False
     kill_reason: str = ""
     submit_seq: int = 0
-    pending: int = 0                  # tasks in PENDING, kept by the fold
+    pending: int = 0  # tasks in PENDING, kept by the fold
 
     @property
     def state(self) -> JobState:
@@ -136,11 +136,11 @@ class RegionState:
         self.jobs: dict[str, JobRecord] = {}
         self.by_client: dict[str, str] = {}
         self.tasks: dict[str, TaskRecord] = {}
-        self.node_tasks: dict[str, set[str]] = {}   # tasks holding resources on a node
-        self.waiting: set[str] = set()              # jobs with PENDING tasks
-        self.unsettled: set[str] = set()            # tasks in UNSETTLED states
-        self.killing: set[str] = set()              # killed jobs with tasks not yet ended
-        self.ignored = 0                            # events that did not fit (stale/illegal)
+        self.node_tasks: dict[str, set[str]] = {}  # tasks holding resources on a node
+        self.waiting: set[str] = set()  # jobs with PENDING tasks
+        self.unsettled: set[str] = set()  # tasks in UNSETTLED states
+        self.killing: set[str] = set()  # killed jobs with tasks not yet ended
+        self.ignored = 0  # events that did not fit (stale/illegal)
 
     # ------------------------------------------------------------ fold
 

@@ -37,9 +37,15 @@ def node_summary(view: NodeView, state: RegionState, now: float) -> dict:
         "memory_used": s.memory_used,
         "disk_used": s.disk_used,
         "gpus": [
-            {"index": g.index, "uuid": g.uuid, "model": g.model, "memory_total": g.memory_total,
-             "memory_used": g.memory_used, "utilization": g.utilization,
-             "enforcement": g.enforcement}
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "model": g.model,
+                "memory_total": g.memory_total,
+                "memory_used": g.memory_used,
+                "utilization": g.utilization,
+                "enforcement": g.enforcement,
+            }
             for g in s.gpus
         ],
         "tasks": len(state.node_tasks.get(s.node_id, ())),

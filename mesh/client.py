@@ -47,8 +47,9 @@ class MeshClient:
             try:
                 msg = await self.nc.request(subject, data, timeout=self.timeout)
             except NoRespondersError:
-                err = ApiError(ErrorCode.UNAVAILABLE,
-                               f"no coordinator answers on {subject}: is the mesh up?")
+                err = ApiError(
+                    ErrorCode.UNAVAILABLE, f"no coordinator answers on {subject}: is the mesh up?"
+                )
             except NatsTimeout:
                 err = ApiError(ErrorCode.UNAVAILABLE, f"no answer on {subject} in {self.timeout}s")
             else:
@@ -73,9 +74,12 @@ class MeshClient:
     async def job(self, job_id: str) -> dict:
         return (await self.request("job.get", JobRef(job_id), retries=5))["job"]
 
-    async def jobs(self, state: str | None = None, pool: str | None = None,
-                   limit: int = 100) -> list[dict]:
-        return (await self.request("job.list", JobListRequest(state, pool, limit), retries=5))["jobs"]
+    async def jobs(
+        self, state: str | None = None, pool: str | None = None, limit: int = 100
+    ) -> list[dict]:
+        return (await self.request("job.list", JobListRequest(state, pool, limit), retries=5))[
+            "jobs"
+        ]
 
     async def kill(self, job_id: str, reason: str = "") -> None:
         await self.request("job.kill", KillRequest(job_id, reason), retries=20)
@@ -100,25 +104,37 @@ class MeshClient:
                 raise TimeoutError(f"job {job_id} still {job['state']} after {timeout}s")
             await asyncio.sleep(poll)
 
-    async def logs(self, job_id: str, task_id: str | None = None, stream: str = "stdout",
-                   tail_bytes: int = 64 * 1024) -> dict:
+    async def logs(
+        self,
+        job_id: str,
+        task_id: str | None = None,
+        stream: str = "stdout",
+        tail_bytes: int = 64 * 1024,
+    ) -> dict:
         """A task's log, fetched from the agent that ran it."""
         job = await self.job(job_id)
         tasks = job["task_list"]
-        task = next((t for t in tasks if t["task_id"] == task_id), None) if task_id else (
-            tasks[0] if tasks else None)
+        task = (
+            next((t for t in tasks if t["task_id"] == task_id), None)
+            if task_id
+            else (tasks[0] if tasks else None)
+        )
         if task is None:
             raise ApiError(ErrorCode.NOT_FOUND, f"no task {task_id!r} in job {job_id}")
-        node = task["node_id"] or next((h["node_id"] for h in reversed(task["history"])
-                                        if h["node_id"]), "")
+        node = task["node_id"] or next(
+            (h["node_id"] for h in reversed(task["history"]) if h["node_id"]), ""
+        )
         if not node:
             raise ApiError(ErrorCode.NOT_FOUND, f"task {task['task_id']} never ran on a node")
         req = LogsRequest(task["task_id"], task["attempt"] or None, stream, tail_bytes)
         try:
-            msg = await self.nc.request(subjects.task_logs(self.region, node), encode(req),
-                                        timeout=self.timeout)
+            msg = await self.nc.request(
+                subjects.task_logs(self.region, node), encode(req), timeout=self.timeout
+            )
         except (NoRespondersError, NatsTimeout):
-            raise ApiError(ErrorCode.UNAVAILABLE, f"node {node} does not answer for logs")
+            raise ApiError(
+                ErrorCode.UNAVAILABLE, f"node {node} does not answer for logs"
+            ) from None
         reply = _reply(msg.data)
         if not reply.get("ok"):
             e = reply.get("error") or {}

@@ -13,14 +13,15 @@ import enum
 import math
 import types
 import typing
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
 
-MAX_MESSAGE = 1024 * 1024      # default cap on one encoded message
-MAX_STR = 64 * 1024            # default cap on one string field
-MAX_ITEMS = 10_000             # default cap on one list/map field
-MAX_DEPTH = 32                 # cap on nesting of free-form (Any) data
+MAX_MESSAGE = 1024 * 1024  # default cap on one encoded message
+MAX_STR = 64 * 1024  # default cap on one string field
+MAX_ITEMS = 10_000  # default cap on one list/map field
+MAX_DEPTH = 32  # cap on nesting of free-form (Any) data
 INT64 = 2**63 - 1
 
 
@@ -48,6 +49,7 @@ def wf(
 
 
 # ---------------------------------------------------------------- encoding
+
 
 def to_wire(obj: Any) -> Any:
     """Plain msgpack-able data: dataclasses become maps (tagged with `_t` when they are
@@ -261,7 +263,7 @@ def _tuple_conv(args: tuple, meta: dict) -> Converter:
     def conv_fixed(x: Any, path: str) -> tuple:
         if not isinstance(x, (list, tuple)) or len(x) != len(items):
             raise WireError(path, f"expected a list of {len(items)} items")
-        return tuple(c(v, f"{path}[{i}]") for i, (c, v) in enumerate(zip(items, x)))
+        return tuple(c(v, f"{path}[{i}]") for i, (c, v) in enumerate(zip(items, x, strict=False)))
 
     return conv_fixed
 

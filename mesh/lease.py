@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
@@ -53,7 +53,7 @@ class Lease:
         self.replicas = replicas
         self.on_elected = on_elected
         self.on_lost = on_lost
-        self.term: int | None = None      # set while we lead
+        self.term: int | None = None  # set while we lead
         self._rev = 0
         self._kv: KeyValue | None = None
         self._task: asyncio.Task[None] | None = None
@@ -78,8 +78,16 @@ class Lease:
                     await task
         if self.term is not None and self._kv is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._kv.delete(self.key, last=self._rev), 1.0)
+                await asyncio.wait_for(self._release(), 1.0)
             await self._lose()
+
+    async def _release(self) -> None:
+        """Delete the key if it is still ours. A renewal cut short by cancellation may have
+        landed without us seeing its revision, so look the revision up rather than trust it."""
+        assert self._kv is not None
+        entry = await self._kv.get(self.key)
+        if entry.value == self.holder.encode() and entry.operation is None:
+            await self._kv.delete(self.key, last=entry.revision)
 
     async def current_holder(self) -> str | None:
         assert self._kv is not None

@@ -11,8 +11,10 @@ import time
 class KeyValueFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        line = (f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} "
-                f"logger={record.name} msg={json.dumps(record.getMessage())}")
+        line = (
+            f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} "
+            f"logger={record.name} msg={json.dumps(record.getMessage())}"
+        )
         if record.exc_info:
             line += f" exc={json.dumps(self.formatException(record.exc_info))}"
         return line

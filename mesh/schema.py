@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Union
+from typing import Any
 
 from mesh.codec import WireError, decode, encode, from_wire, register, tagged, to_wire, wf
 from workloads.lifecycle import TaskState
@@ -18,14 +18,39 @@ from workloads.resources import Resources
 from workloads.spec import SimulatedRun
 
 __all__ = [
-    "WireError", "decode", "encode", "from_wire", "to_wire", "Resources", "TaskState",
-    "GpuProcessInfo", "GpuStatus", "NodeState", "TaskSpec", "Assignment", "TaskEvent",
-    "JobSubmitted", "TaskPlaced", "TaskUpdated", "JobKillRequested", "LeaderElected",
-    "LogEvent", "LogEntry", "ErrorCode", "ApiError", "SubmitRequest", "JobRef",
-    "JobListRequest", "KillRequest", "NodeRef", "LogsRequest", "ok", "error_reply",
+    "WireError",
+    "decode",
+    "encode",
+    "from_wire",
+    "to_wire",
+    "Resources",
+    "TaskState",
+    "GpuProcessInfo",
+    "GpuStatus",
+    "NodeState",
+    "TaskSpec",
+    "Assignment",
+    "TaskEvent",
+    "JobSubmitted",
+    "TaskPlaced",
+    "TaskUpdated",
+    "JobKillRequested",
+    "LeaderElected",
+    "LogEvent",
+    "LogEntry",
+    "ErrorCode",
+    "ApiError",
+    "SubmitRequest",
+    "JobRef",
+    "JobListRequest",
+    "KillRequest",
+    "NodeRef",
+    "LogsRequest",
+    "ok",
+    "error_reply",
 ]
 
-ID = 128          # longest id we accept (job, task, client, node)
+ID = 128  # longest id we accept (job, task, client, node)
 _ENFORCEMENT = ("mig", "mps", "watchdog", "none")
 
 
@@ -42,6 +67,7 @@ register(Resources, _resources)
 
 
 # ---------------------------------------------------------------- agent state
+
 
 @dataclass(frozen=True, slots=True)
 class GpuProcessInfo:
@@ -78,12 +104,13 @@ class NodeState:
     memory_used: int = wf(0, ge=0)
     disk_used: int = wf(0, ge=0)
     gpus: tuple[GpuStatus, ...] = wf((), max_len=64)
-    tasks: tuple[str, ...] = wf((), max_len=100_000)   # "task_id#attempt" of live tasks
-    note: str = wf("", max_len=1024)                  # e.g. "store recovered from corruption"
+    tasks: tuple[str, ...] = wf((), max_len=100_000)  # "task_id#attempt" of live tasks
+    note: str = wf("", max_len=1024)  # e.g. "store recovered from corruption"
     v: int = 1
 
 
 # ---------------------------------------------------------------- assignments and events
+
 
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
@@ -133,6 +160,7 @@ class TaskEvent:
 
 
 # ---------------------------------------------------------------- the job log
+
 
 @tagged
 @dataclass(frozen=True, slots=True)
@@ -185,7 +213,7 @@ class LeaderElected:
     ts: float = 0.0
 
 
-LogEvent = Union[JobSubmitted, TaskPlaced, TaskUpdated, JobKillRequested, LeaderElected]
+LogEvent = JobSubmitted | TaskPlaced | TaskUpdated | JobKillRequested | LeaderElected
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,13 +228,14 @@ class LogEntry:
 
 # ---------------------------------------------------------------- request API
 
+
 class ErrorCode(StrEnum):
-    BAD_REQUEST = "BAD_REQUEST"      # undecodable or invalid request
-    INVALID_SPEC = "INVALID_SPEC"    # the job spec does not validate
+    BAD_REQUEST = "BAD_REQUEST"  # undecodable or invalid request
+    INVALID_SPEC = "INVALID_SPEC"  # the job spec does not validate
     NOT_FOUND = "NOT_FOUND"
-    CONFLICT = "CONFLICT"            # e.g. killing a finished job
-    NOT_LEADER = "NOT_LEADER"        # no leader reachable for a write
-    UNAVAILABLE = "UNAVAILABLE"      # the log could not be written; retry
+    CONFLICT = "CONFLICT"  # e.g. killing a finished job
+    NOT_LEADER = "NOT_LEADER"  # no leader reachable for a write
+    UNAVAILABLE = "UNAVAILABLE"  # the log could not be written; retry
     TOO_LARGE = "TOO_LARGE"
     INTERNAL = "INTERNAL"
 
@@ -229,7 +258,7 @@ def error_reply(code: ErrorCode, message: str) -> bytes:
 @dataclass(frozen=True, slots=True)
 class SubmitRequest:
     client_id: str = wf(max_len=ID)
-    spec: Any = None                 # YAML text or a mapping; validated by workloads.parse_job_spec
+    spec: Any = None  # YAML text or a mapping; validated by workloads.parse_job_spec
     v: int = 1
 
 

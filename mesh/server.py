@@ -58,7 +58,7 @@ class ServerConfig:
     cluster_port: int = 0
     cluster_routes: list[str] = field(default_factory=list)
     sync_interval: str | None = None  # JetStream fsync policy: e.g. "always" or "2m"
-    extra_conf: str = ""              # raw nats-server config appended as is (TLS, accounts)
+    extra_conf: str = ""  # raw nats-server config appended as is (TLS, accounts)
     max_payload: int = 8 * 1024 * 1024
 
     def render(self) -> str:
@@ -101,7 +101,7 @@ class EmbeddedServer:
         scheme = "tls" if "tls" in self.config.extra_conf else "nats"
         return f"{scheme}://{self.config.host}:{self.config.port}"
 
-    def start(self, timeout: float = 10.0) -> "EmbeddedServer":
+    def start(self, timeout: float = 10.0) -> EmbeddedServer:
         cfg = self.config
         if cfg.port == 0:
             cfg.port = free_port(cfg.host)
@@ -129,9 +129,13 @@ class EmbeddedServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise ServerError(f"nats-server exited with {self.proc.returncode}: {self.log_tail()}")
+                raise ServerError(
+                    f"nats-server exited with {self.proc.returncode}: {self.log_tail()}"
+                )
             try:
-                with socket.create_connection((self.config.host, self.config.port), timeout=0.2) as s:
+                with socket.create_connection(
+                    (self.config.host, self.config.port), timeout=0.2
+                ) as s:
                     s.settimeout(0.5)
                     if s.recv(4096).startswith(b"INFO"):
                         return
@@ -163,14 +167,14 @@ class EmbeddedServer:
             self._tmp.cleanup()
             self._tmp = None
 
-    def restart(self, timeout: float = 10.0) -> "EmbeddedServer":
+    def restart(self, timeout: float = 10.0) -> EmbeddedServer:
         self.kill()
         return self.start(timeout)
 
-    async def astart(self, timeout: float = 10.0) -> "EmbeddedServer":
+    async def astart(self, timeout: float = 10.0) -> EmbeddedServer:
         return await asyncio.to_thread(self.start, timeout)
 
-    def __enter__(self) -> "EmbeddedServer":
+    def __enter__(self) -> EmbeddedServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -22,7 +22,9 @@ DUPLICATE_WINDOW_S = 120.0
 
 
 def stream_configs(region: str, replicas: int = 1) -> list[StreamConfig]:
-    common = dict(storage=StorageType.FILE, num_replicas=replicas, duplicate_window=DUPLICATE_WINDOW_S)
+    common = dict(
+        storage=StorageType.FILE, num_replicas=replicas, duplicate_window=DUPLICATE_WINDOW_S
+    )
     return [
         StreamConfig(
             name=subjects.log_stream(region),

@@ -20,43 +20,61 @@ from mesh.client import MeshClient
 from mesh.connect import close_quietly, connect
 
 JOBS: list[tuple[str, str, str]] = [
-    ("SUCCEEDED", "single-task batch job", """
+    (
+        "SUCCEEDED",
+        "single-task batch job",
+        """
 name: hello
 tasks:
   - role: main
     command: echo "hello from $(hostname)"; python3 -c 'print(sum(range(10**6)))'
     resources: {cpu: 250m, memory: 128Mi}
-"""),
-    ("SUCCEEDED", "multi-task job (3 workers)", """
+""",
+    ),
+    (
+        "SUCCEEDED",
+        "multi-task job (3 workers)",
+        """
 name: workers
 tasks:
   - role: worker
     count: 3
     command: echo "worker $MESH_TASK_ID starting"; sleep 0.5; echo done
     resources: {cpu: 100m, memory: 64Mi}
-"""),
-    ("SUCCEEDED", "simulated gang of 8 on hollow nodes", """
+""",
+    ),
+    (
+        "SUCCEEDED",
+        "simulated gang of 8 on hollow nodes",
+        """
 name: sim-train
 tasks:
   - role: trainer
     count: 8
     simulate: {duration: 1s}
     resources: {cpu: 4, memory: 16Gi}
-"""),
-    ("FAILED", "job that fails on purpose (exit 3)", """
+""",
+    ),
+    (
+        "FAILED",
+        "job that fails on purpose (exit 3)",
+        """
 name: fails-on-purpose
 tasks:
   - role: main
     command: echo "about to fail" >&2; exit 3
-"""),
+""",
+    ),
 ]
 
 
 async def _run(mesh: LocalMesh) -> bool:
     t0 = time.monotonic()
     info = await mesh.wait_ready()
-    print(f"region up in {time.monotonic() - t0:.1f}s: NATS {mesh.url}, leader {info['leader']} "
-          f"(term {info['term']}), {info['nodes'].get('ready', 0)} nodes ready\n")
+    print(
+        f"region up in {time.monotonic() - t0:.1f}s: NATS {mesh.url}, leader {info['leader']} "
+        f"(term {info['term']}), {info['nodes'].get('ready', 0)} nodes ready\n"
+    )
     nc = await connect(mesh.url, name="mesh-demo")
     client = MeshClient(nc, mesh.config.region)
     try:
@@ -70,13 +88,15 @@ async def _run(mesh: LocalMesh) -> bool:
         results = [await client.wait(job_id, timeout=30.0) for job_id, _, _ in ids]
         print(render.jobs_table(results) + "\n")
         good = True
-        for job, (job_id, expected, what) in zip(results, ids):
+        for job, (_, expected, what) in zip(results, ids, strict=True):
             tasks = job["task_list"]
             codes = sorted({t["exit_code"] for t in tasks}, key=str)
             mark = "ok " if job["state"] == expected else "BAD"
             good &= job["state"] == expected
-            print(f"[{mark}] {what}: {job['state']} (expected {expected}), exit codes {codes}, "
-                  f"took {render.duration(job['submitted_at'], job['finished_at'])}")
+            print(
+                f"[{mark}] {what}: {job['state']} (expected {expected}), exit codes {codes}, "
+                f"took {render.duration(job['submitted_at'], job['finished_at'])}"
+            )
             if job["state"] == "FAILED":
                 for t in tasks:
                     if t["log_tail"]:
@@ -98,6 +118,9 @@ def run_demo(sim_nodes: int = 4) -> int:
             good = asyncio.run(_run(mesh))
         finally:
             mesh.stop()
-        print(f"\ndemo {'passed' if good else 'FAILED'} in {time.monotonic() - t0:.1f}s; "
-              "everything stopped", file=sys.stderr)
+        print(
+            f"\ndemo {'passed' if good else 'FAILED'} in {time.monotonic() - t0:.1f}s; "
+            "everything stopped",
+            file=sys.stderr,
+        )
         return 0 if good else 1

@@ -51,12 +51,27 @@ class LocalMesh:
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         logs = self.config.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "mesh.cli.main", "--nats", self.url,
-               "--region", self.config.region, "--log-level", self.config.log_level, *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mesh.cli.main",
+            "--nats",
+            self.url,
+            "--region",
+            self.config.region,
+            "--log-level",
+            self.config.log_level,
+            *args,
+        ]
         with open(logs / f"{name}.log", "ab") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True,
-                                    env={**os.environ, **self.config.extra_env})
+            proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **self.config.extra_env},
+            )
         self.children[name] = proc
         return proc
 
@@ -68,14 +83,24 @@ class LocalMesh:
         for i in range(1, c.candidates + 1):
             self.start_coordinator(f"coordinator-{i}")
         if c.real_agent:
-            self._spawn("agent", ["agent", "--node-id", self.node_id,
-                                  "--data-dir", str(c.state_dir / "agent"), "--kill-tasks-on-exit"])
+            self._spawn(
+                "agent",
+                [
+                    "agent",
+                    "--node-id",
+                    self.node_id,
+                    "--data-dir",
+                    str(c.state_dir / "agent"),
+                    "--kill-tasks-on-exit",
+                ],
+            )
         if c.sim_nodes:
             self._spawn("hollow", ["agent", "--simulate", str(c.sim_nodes)])
 
     def start_coordinator(self, name: str) -> subprocess.Popen[bytes]:
-        return self._spawn(name, ["coordinator", "--id", name,
-                                  "--lease-ttl", str(self.config.lease_ttl)])
+        return self._spawn(
+            name, ["coordinator", "--id", name, "--lease-ttl", str(self.config.lease_ttl)]
+        )
 
     async def wait_ready(self, timeout: float = 30.0) -> dict:
         """Until a leader answers and every expected node reports ready."""
@@ -93,8 +118,9 @@ class LocalMesh:
                 except Exception:
                     pass
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"mesh not ready after {timeout}s; logs in "
-                                       f"{self.config.state_dir / 'logs'}")
+                    raise TimeoutError(
+                        f"mesh not ready after {timeout}s; logs in {self.config.state_dir / 'logs'}"
+                    )
                 await asyncio.sleep(0.1)
         finally:
             await close_quietly(nc)

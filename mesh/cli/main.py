@@ -40,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--sim-nodes", type=int, default=0, help="simulated nodes to add")
     up.add_argument("--candidates", type=int, default=2, help="coordinator candidates")
     up.add_argument("--port", type=int, default=4222, help="NATS port (0: any free port)")
-    up.add_argument("--state-dir", help="where NATS and the agent keep state "
-                    "(default $MESH_HOME/up)")
+    up.add_argument(
+        "--state-dir", help="where NATS and the agent keep state (default $MESH_HOME/up)"
+    )
     up.add_argument("--no-agent", action="store_true", help="no real agent for this machine")
 
     demo = sub.add_parser("demo", help="start a throwaway region, run sample jobs, summarise")
@@ -55,19 +56,27 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
     ag.add_argument("--run-as", help="run task commands as this user")
     ag.add_argument("--limits", default="auto", choices=["auto", "cgroup", "rlimit", "none"])
-    ag.add_argument("--simulate", type=int, default=0, metavar="N",
-                    help="run N simulated (hollow) nodes instead of a real agent")
+    ag.add_argument(
+        "--simulate",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N simulated (hollow) nodes instead of a real agent",
+    )
     ag.add_argument("--seed", type=int, default=0, help="inventory mix seed for --simulate")
-    ag.add_argument("--kill-tasks-on-exit", action="store_true",
-                    help="stop running tasks when the agent stops (default: leave them to be "
-                    "re-adopted)")
+    ag.add_argument(
+        "--kill-tasks-on-exit",
+        action="store_true",
+        help="stop running tasks when the agent stops (default: leave them to be re-adopted)",
+    )
 
     co = sub.add_parser("coordinator", help="run a coordinator candidate")
     co.add_argument("--id", dest="candidate_id", default=None)
     co.add_argument("--lease-ttl", type=float, default=2.0)
 
-    job = sub.add_parser("job", help="submit and manage jobs").add_subparsers(dest="job_cmd",
-                                                                               required=True)
+    job = sub.add_parser("job", help="submit and manage jobs").add_subparsers(
+        dest="job_cmd", required=True
+    )
     run = job.add_parser("run", help="submit a job spec (YAML)")
     run.add_argument("file", help="spec file, or - for stdin")
     run.add_argument("--wait", action="store_true", help="wait; exit 0 only if it SUCCEEDED")
@@ -107,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             return _up(args, ctx)
         if args.cmd == "demo":
             from mesh.cli.demo import run_demo
+
             return run_demo(args.sim_nodes)
         if args.cmd == "agent":
             return asyncio.run(_agent(args, ctx))
@@ -119,14 +129,22 @@ def main(argv: list[str] | None = None) -> int:
 
 # ---------------------------------------------------------------- servers
 
+
 def _up(args: argparse.Namespace, ctx: Context) -> int:
     from mesh.cli.launcher import LocalMesh, LocalMeshConfig
 
     state_dir = Path(args.state_dir) if args.state_dir else mesh_home() / "up"
-    mesh = LocalMesh(LocalMeshConfig(state_dir=state_dir, region=ctx.region,
-                                     candidates=args.candidates, real_agent=not args.no_agent,
-                                     sim_nodes=args.sim_nodes, port=args.port,
-                                     log_level=args.log_level))
+    mesh = LocalMesh(
+        LocalMeshConfig(
+            state_dir=state_dir,
+            region=ctx.region,
+            candidates=args.candidates,
+            real_agent=not args.no_agent,
+            sim_nodes=args.sim_nodes,
+            port=args.port,
+            log_level=args.log_level,
+        )
+    )
     stop = asyncio.Event()
 
     async def run() -> int:
@@ -136,13 +154,15 @@ def _up(args: argparse.Namespace, ctx: Context) -> int:
         mesh.start()
         info = await mesh.wait_ready()
         path = save_context(Context(mesh.url, ctx.region))
-        print(f"mesh is up: {mesh.url} (region {ctx.region}, leader {info['leader']}, "
-              f"{info['nodes'].get('ready', 0)} nodes)")
+        print(
+            f"mesh is up: {mesh.url} (region {ctx.region}, leader {info['leader']}, "
+            f"{info['nodes'].get('ready', 0)} nodes)"
+        )
         print(f"context written to {path}; logs in {state_dir / 'logs'}; Ctrl-C stops it all")
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 mesh.check_children()
         return EXIT_OK
 
@@ -165,8 +185,9 @@ async def _agent(args: argparse.Namespace, ctx: Context) -> int:
     if args.simulate:
         from agent.hollow import HollowFleet
 
-        fleet = HollowFleet(ctx.url, ctx.region, args.simulate, seed=args.seed,
-                            heartbeat_s=args.heartbeat)
+        fleet = HollowFleet(
+            ctx.url, ctx.region, args.simulate, seed=args.seed, heartbeat_s=args.heartbeat
+        )
         await fleet.start()
         try:
             await _until_signal()
@@ -183,10 +204,19 @@ async def _agent(args: argparse.Namespace, ctx: Context) -> int:
             print(f"--label {item!r}: expected KEY=VALUE", file=sys.stderr)
             return EXIT_USAGE
         labels[key] = value
-    agent = Agent(AgentConfig(
-        nats_url=ctx.url, region=ctx.region, node_id=node_id, zone=args.zone, labels=labels,
-        data_dir=args.data_dir or str(mesh_home() / "agent" / node_id),
-        heartbeat_s=args.heartbeat, run_as=args.run_as, limits=args.limits))
+    agent = Agent(
+        AgentConfig(
+            nats_url=ctx.url,
+            region=ctx.region,
+            node_id=node_id,
+            zone=args.zone,
+            labels=labels,
+            data_dir=args.data_dir or str(mesh_home() / "agent" / node_id),
+            heartbeat_s=args.heartbeat,
+            run_as=args.run_as,
+            limits=args.limits,
+        )
+    )
     await agent.start()
     try:
         await _until_signal()
@@ -198,10 +228,14 @@ async def _agent(args: argparse.Namespace, ctx: Context) -> int:
 async def _coordinator(args: argparse.Namespace, ctx: Context) -> int:
     from coordinator.service import Coordinator, CoordinatorConfig
 
-    coord = Coordinator(CoordinatorConfig(
-        nats_url=ctx.url, region=ctx.region,
-        candidate_id=args.candidate_id or f"coordinator-{uuid.uuid4().hex[:6]}",
-        lease_ttl=args.lease_ttl))
+    coord = Coordinator(
+        CoordinatorConfig(
+            nats_url=ctx.url,
+            region=ctx.region,
+            candidate_id=args.candidate_id or f"coordinator-{uuid.uuid4().hex[:6]}",
+            lease_ttl=args.lease_ttl,
+        )
+    )
     await coord.start()
     try:
         await _until_signal()
@@ -212,21 +246,31 @@ async def _coordinator(args: argparse.Namespace, ctx: Context) -> int:
 
 # ---------------------------------------------------------------- client commands
 
+
 async def _client_command(args: argparse.Namespace, ctx: Context) -> int:
     try:
         nc = await connect(ctx.url, name="mesh-cli", reconnect=False, connect_timeout=2.0)
     except Exception as exc:
-        print(f"cannot reach NATS at {ctx.url}: {exc or type(exc).__name__} "
-              "(is `mesh up` running? set --nats or MESH_NATS_URL)", file=sys.stderr)
+        print(
+            f"cannot reach NATS at {ctx.url}: {exc or type(exc).__name__} "
+            "(is `mesh up` running? set --nats or MESH_NATS_URL)",
+            file=sys.stderr,
+        )
         return EXIT_UNREACHABLE
     client = MeshClient(nc, ctx.region)
     try:
         return await _dispatch(args, client)
     except ApiError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
-        return EXIT_UNREACHABLE if exc.code == ErrorCode.UNAVAILABLE else (
-            EXIT_USAGE if exc.code in (ErrorCode.INVALID_SPEC, ErrorCode.BAD_REQUEST,
-                                       ErrorCode.TOO_LARGE) else EXIT_FAILED)
+        return (
+            EXIT_UNREACHABLE
+            if exc.code == ErrorCode.UNAVAILABLE
+            else (
+                EXIT_USAGE
+                if exc.code in (ErrorCode.INVALID_SPEC, ErrorCode.BAD_REQUEST, ErrorCode.TOO_LARGE)
+                else EXIT_FAILED
+            )
+        )
     except TimeoutError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -286,11 +330,15 @@ async def _job(args: argparse.Namespace, client: MeshClient) -> int:
         return EXIT_OK
     if args.job_cmd == "kill":
         await client.kill(args.job_id, args.reason)
-        _out(args, {"job_id": args.job_id, "kill_requested": True},
-             f"kill requested for {args.job_id}")
+        _out(
+            args,
+            {"job_id": args.job_id, "kill_requested": True},
+            f"kill requested for {args.job_id}",
+        )
         return EXIT_OK
-    reply = await client.logs(args.job_id, args.task, "stderr" if args.stderr else "stdout",
-                              args.tail)
+    reply = await client.logs(
+        args.job_id, args.task, "stderr" if args.stderr else "stdout", args.tail
+    )
     if args.json:
         reply["data"] = reply["data"].decode(errors="replace")
         _out(args, reply, "")

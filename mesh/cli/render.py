@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from workloads.quantity import format_cpu, format_gpu
 
@@ -21,7 +22,7 @@ def human_bytes(n: int) -> str:
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells]
     return "\n".join(lines)
 
 
@@ -50,22 +51,43 @@ def nodes_table(nodes: list[dict]) -> str:
     for n in nodes:
         gpus = n["gpus"]
         gpu = f"{len(gpus)}x {gpus[0]['model']}" if gpus else "-"
-        rows.append([
-            n["node_id"], n["status"], "sim" if n["simulated"] else "real", n["zone"] or "-",
-            format_cpu(n["capacity"]["cpu"]), human_bytes(n["capacity"]["memory"]), gpu,
-            f"{n['cpu_percent']:.0f}%", human_bytes(n["memory_used"]), n["tasks"],
-        ])
-    return table(rows, ["NODE", "STATUS", "KIND", "ZONE", "CPU", "MEMORY", "GPUS", "CPU%",
-                        "MEM USED", "TASKS"])
+        rows.append(
+            [
+                n["node_id"],
+                n["status"],
+                "sim" if n["simulated"] else "real",
+                n["zone"] or "-",
+                format_cpu(n["capacity"]["cpu"]),
+                human_bytes(n["capacity"]["memory"]),
+                gpu,
+                f"{n['cpu_percent']:.0f}%",
+                human_bytes(n["memory_used"]),
+                n["tasks"],
+            ]
+        )
+    return table(
+        rows,
+        ["NODE", "STATUS", "KIND", "ZONE", "CPU", "MEMORY", "GPUS", "CPU%", "MEM USED", "TASKS"],
+    )
 
 
 def jobs_table(jobs: list[dict]) -> str:
-    rows = [[j["job_id"], j["state"], j["pool"], j["priority"], j["tasks"],
-             ", ".join(f"{k.lower()} {v}" for k, v in sorted(j["task_states"].items())),
-             ago(j["submitted_at"]), duration(j["submitted_at"], j["finished_at"])]
-            for j in jobs]
-    return table(rows, ["JOB", "STATE", "POOL", "PRIO", "TASKS", "TASK STATES", "SUBMITTED",
-                        "TOOK"])
+    rows = [
+        [
+            j["job_id"],
+            j["state"],
+            j["pool"],
+            j["priority"],
+            j["tasks"],
+            ", ".join(f"{k.lower()} {v}" for k, v in sorted(j["task_states"].items())),
+            ago(j["submitted_at"]),
+            duration(j["submitted_at"], j["finished_at"]),
+        ]
+        for j in jobs
+    ]
+    return table(
+        rows, ["JOB", "STATE", "POOL", "PRIO", "TASKS", "TASK STATES", "SUBMITTED", "TOOK"]
+    )
 
 
 def job_detail(job: dict) -> str:
@@ -73,14 +95,23 @@ def job_detail(job: dict) -> str:
         f"job      {job['job_id']}  ({job['name']})",
         f"state    {job['state']}" + ("  (kill requested)" if job["kill_requested"] else ""),
         f"pool     {job['pool']}   priority {job['priority']}",
-        f"submitted {ago(job['submitted_at'])}   took {duration(job['submitted_at'], job['finished_at'])}",
+        f"submitted {ago(job['submitted_at'])}   "
+        f"took {duration(job['submitted_at'], job['finished_at'])}",
     ]
     if job.get("pending_reason"):
         lines.append(f"pending  {job['pending_reason']}")
-    rows = [[t["task_id"], t["state"], t["attempt"], t["node_id"] or "-",
-             "-" if t["exit_code"] is None else t["exit_code"],
-             duration(t["started_at"], t["finished_at"]), t["message"][:60]]
-            for t in job["task_list"]]
+    rows = [
+        [
+            t["task_id"],
+            t["state"],
+            t["attempt"],
+            t["node_id"] or "-",
+            "-" if t["exit_code"] is None else t["exit_code"],
+            duration(t["started_at"], t["finished_at"]),
+            t["message"][:60],
+        ]
+        for t in job["task_list"]
+    ]
     lines += ["", table(rows, ["TASK", "STATE", "ATTEMPT", "NODE", "EXIT", "RAN", "MESSAGE"])]
     for t in job["task_list"]:
         if t["state"] == "FAILED" and t["log_tail"]:

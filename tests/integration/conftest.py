@@ -53,8 +53,11 @@ class Region:
         return c
 
     async def agent(self, node_id: str = "node-1", **kw) -> Agent:
-        a = Agent(AgentConfig(self.url, node_id=node_id,
-                              data_dir=str(self.tmp / f"agent-{node_id}"), **kw))
+        a = Agent(
+            AgentConfig(
+                self.url, node_id=node_id, data_dir=str(self.tmp / f"agent-{node_id}"), **kw
+            )
+        )
         await a.start()
         self.agents.append(a)
         return a
@@ -74,6 +77,7 @@ class Region:
         async def check():
             info = await self.client.cluster_info()
             return info if info["leader"] and info["nodes"].get("ready", 0) >= nodes else None
+
         return await eventually(check)
 
     async def close(self) -> None:
@@ -104,13 +108,25 @@ class Proc:
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "Proc":
+    def start(self) -> Proc:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mesh.cli.main", "--nats", self.url, "--log-level", "info",
-                 *self.args],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                [
+                    sys.executable,
+                    "-m",
+                    "mesh.cli.main",
+                    "--nats",
+                    self.url,
+                    "--log-level",
+                    "info",
+                    *self.args,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         return self
 
     def kill9(self) -> None:

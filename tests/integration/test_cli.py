@@ -14,17 +14,28 @@ import pytest
 
 
 def mesh(*args: str, env: dict, timeout: float = 60.0, stdin: str | None = None):
-    return subprocess.run([sys.executable, "-m", "mesh.cli.main", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout, input=stdin)
+    return subprocess.run(
+        [sys.executable, "-m", "mesh.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=stdin,
+    )
 
 
 @pytest.fixture
 def mesh_up(tmp_path):
     env = {**os.environ, "MESH_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
     env.pop("MESH_NATS_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "mesh.cli.main", "up", "--port", "0",
-                             "--sim-nodes", "2"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mesh.cli.main", "up", "--port", "0", "--sim-nodes", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     line = proc.stdout.readline()
     assert line.startswith("mesh is up"), line + proc.stdout.read() if proc.poll() else line
     yield env, proc
@@ -82,8 +93,10 @@ def test_up_then_commands_from_another_terminal(mesh_up, tmp_path):
 
     r = mesh("--json", "cluster", "info", env=env)
     info = json.loads(r.stdout)
-    assert info["leader"].startswith("coordinator-") and info["jobs"] == {"SUCCEEDED": 1,
-                                                                            "FAILED": 1}
+    assert info["leader"].startswith("coordinator-") and info["jobs"] == {
+        "SUCCEEDED": 1,
+        "FAILED": 1,
+    }
     r = mesh("job", "status", "nope", env=env)
     assert r.returncode == 1 and "NOT_FOUND" in r.stderr
 

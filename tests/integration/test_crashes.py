@@ -17,8 +17,9 @@ async def test_agent_sigkilled_and_restarted_readopts_its_running_task(region, p
     runs = tmp_path / "runs"
     go = tmp_path / "go"
     cmd = f"echo run >> {runs}; while [ ! -e {go} ]; do sleep 0.05; done; echo finished"
-    job_id = await region.client.submit({"name": "survivor", "tasks": [
-        {"role": "main", "command": cmd}]})
+    job_id = await region.client.submit(
+        {"name": "survivor", "tasks": [{"role": "main", "command": cmd}]}
+    )
 
     async def running():
         job = await region.client.job(job_id)
@@ -55,13 +56,20 @@ async def test_leader_sigkilled_follower_takes_over_with_every_acknowledged_job(
     await asyncio.sleep(1.0)  # the follower is up and following
     acked = []
     for i in range(20):
-        acked.append(await region.client.submit({"name": f"job{i}", "tasks": [
-            {"role": "w", "count": 2, "simulate": {"duration": "0.1s"}}]}))
+        acked.append(
+            await region.client.submit(
+                {
+                    "name": f"job{i}",
+                    "tasks": [{"role": "w", "count": 2, "simulate": {"duration": "0.1s"}}],
+                }
+            )
+        )
     before = {j: (await region.client.job(j))["task_list"] for j in acked[:3]}
     c1.kill9()
     t0 = time.monotonic()
-    new_job = await region.client.submit({"name": "after", "tasks": [
-        {"role": "w", "simulate": {"duration": "0.1s"}}]})
+    new_job = await region.client.submit(
+        {"name": "after", "tasks": [{"role": "w", "simulate": {"duration": "0.1s"}}]}
+    )
     took = time.monotonic() - t0
     info = await region.client.cluster_info()
     assert info["leader"] == "cand-2" and info["term"] > 1
@@ -71,6 +79,6 @@ async def test_leader_sigkilled_follower_takes_over_with_every_acknowledged_job(
         assert job["state"] == "SUCCEEDED", job
     for job_id, tasks in before.items():
         after = (await region.client.job(job_id))["task_list"]
-        for old, new in zip(tasks, after):
+        for old, new in zip(tasks, after, strict=False):
             # history from before the kill is still there, as it was
             assert new["history"][: len(old["history"])] == old["history"]

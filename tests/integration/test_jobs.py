@@ -112,14 +112,23 @@ async def test_bad_requests_get_clear_errors_and_change_nothing(region):
     cases = [
         (b"\xc1\xff garbage", ErrorCode.BAD_REQUEST, "msgpack"),
         (encode({"client_id": 7, "spec": {}}), ErrorCode.BAD_REQUEST, "client_id"),
-        (encode(SubmitRequest("c1", {"name": "x", "tasks": []})), ErrorCode.INVALID_SPEC,
-         "tasks"),
-        (encode(SubmitRequest("c2", "name: x\ntasks:\n- role: a\n  command: echo\n"
-                                    "  resources: {memory: lots}\n")),
-         ErrorCode.INVALID_SPEC, "tasks[0].resources.memory"),
+        (encode(SubmitRequest("c1", {"name": "x", "tasks": []})), ErrorCode.INVALID_SPEC, "tasks"),
+        (
+            encode(
+                SubmitRequest(
+                    "c2",
+                    "name: x\ntasks:\n- role: a\n  command: echo\n  resources: {memory: lots}\n",
+                )
+            ),
+            ErrorCode.INVALID_SPEC,
+            "tasks[0].resources.memory",
+        ),
         (encode(SubmitRequest("c3", "name: [unclosed")), ErrorCode.INVALID_SPEC, "YAML"),
-        (encode(SubmitRequest("", {"name": "x", "tasks": [{"role": "a", "command": "true"}]})),
-         ErrorCode.BAD_REQUEST, "client_id"),
+        (
+            encode(SubmitRequest("", {"name": "x", "tasks": [{"role": "a", "command": "true"}]})),
+            ErrorCode.BAD_REQUEST,
+            "client_id",
+        ),
         (b"\x00" * (2 * 1024 * 1024), ErrorCode.TOO_LARGE, "limit"),
     ]
     for data, code, words in cases:
@@ -140,11 +149,25 @@ async def test_simulated_tasks_only_on_hollow_nodes_and_real_only_on_real(region
     await region.agent("real-1")
     await region.fleet(3)
     await region.ready(4)
-    sim = await region.client.submit({"name": "sim", "tasks": [
-        {"role": "w", "count": 6, "simulate": {"duration": "0.2s"},
-         "resources": {"cpu": 1, "memory": "1Gi"}}]})
-    real = await region.client.submit({"name": "real", "tasks": [
-        {"role": "w", "count": 2, "command": "true", "resources": {"cpu": "100m"}}]})
+    sim = await region.client.submit(
+        {
+            "name": "sim",
+            "tasks": [
+                {
+                    "role": "w",
+                    "count": 6,
+                    "simulate": {"duration": "0.2s"},
+                    "resources": {"cpu": 1, "memory": "1Gi"},
+                }
+            ],
+        }
+    )
+    real = await region.client.submit(
+        {
+            "name": "real",
+            "tasks": [{"role": "w", "count": 2, "command": "true", "resources": {"cpu": "100m"}}],
+        }
+    )
     sim_job = await region.client.wait(sim, timeout=20)
     real_job = await region.client.wait(real, timeout=20)
     assert sim_job["state"] == real_job["state"] == "SUCCEEDED"
@@ -172,8 +195,9 @@ async def test_tasks_of_a_lost_node_are_rescheduled(region):
     await region.coordinator(down_after=2.0, suspect_after=1.0)
     doomed = await region.fleet(1, prefix="doomed")
     await region.ready(1)
-    job_id = await region.client.submit({"name": "moving", "tasks": [
-        {"role": "w", "simulate": {"duration": "1s"}}]})
+    job_id = await region.client.submit(
+        {"name": "moving", "tasks": [{"role": "w", "simulate": {"duration": "1s"}}]}
+    )
     await eventually(lambda: _task_state(region, job_id, "RUNNING"))
     region.fleets.remove(doomed)
     await doomed.stop()  # the node vanishes without a word

@@ -27,19 +27,22 @@ async def test_one_leader_then_graceful_handover(nats_server, nc):
 
     a = Lease(js, "lease_t1", "leader", "a", ttl=2.0, on_elected=lambda t: elected(t, "a"))
     b = Lease(js, "lease_t1", "leader", "b", ttl=2.0, on_elected=lambda t: elected(t, "b"))
-    await a.start()
-    assert await _wait(lambda: a.is_leader)
-    await b.start()
-    await asyncio.sleep(2.5)  # longer than the TTL: renewals keep a's lease alive
-    assert a.is_leader and not b.is_leader
-    assert await a.current_holder() == "a"
-    term_a = a.term
-    t0 = time.monotonic()
-    await a.stop()  # deletes the key: b takes over at once, not after a TTL
-    assert await _wait(lambda: b.is_leader, timeout=1.0)
-    assert time.monotonic() - t0 < 1.0
-    assert b.term > term_a
-    await b.stop()
+    try:
+        await a.start()
+        assert await _wait(lambda: a.is_leader)
+        await b.start()
+        await asyncio.sleep(2.5)  # longer than the TTL: renewals keep a's lease alive
+        assert a.is_leader and not b.is_leader
+        assert await a.current_holder() == "a"
+        term_a = a.term
+        t0 = time.monotonic()
+        await a.stop()  # deletes the key: b takes over at once, not after a TTL
+        assert await _wait(lambda: b.is_leader, timeout=1.0)
+        assert time.monotonic() - t0 < 1.0
+        assert b.term > term_a
+    finally:
+        await a.stop()
+        await b.stop()
 
 
 async def test_dead_holder_expires_and_renewal_failure_steps_down(nats_server):
