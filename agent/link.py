@@ -66,7 +66,7 @@ class AssignmentFeed:
                 await asyncio.sleep(0.25)
                 continue
             with contextlib.suppress(NatsTimeout, asyncio.TimeoutError):
-                msgs += await self._psub.fetch(255, timeout=0.005)
+                msgs += await self._psub.fetch(255, timeout=0.002)
             for msg in msgs:
                 await self._handle(msg)
 

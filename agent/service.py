@@ -188,7 +188,7 @@ class Agent:
             task_id=a.task_id,
             attempt=a.attempt,
             job_id=a.job_id,
-            state="ACCEPTED",
+            state="STARTING",
             assignment=encode(a),
             updated=time.time(),
         )
@@ -206,7 +206,6 @@ class Agent:
                 "with a command (simulated tasks belong on hollow nodes)",
             )
             return
-        await self._transition(rec, "STARTING")
         exec_spec = ExecSpec(
             task_id=_exec_id(a.task_id, a.attempt),
             argv=spec.argv,
@@ -216,15 +215,32 @@ class Agent:
             memory_bytes=spec.resources.memory,
             max_run_time_s=spec.max_run_time_s,
         )
+        # STARTING goes out while the process starts: nothing on the way to RUNNING waits
+        # for it, and it is sent before RUNNING so the two arrive in order.
+        starting = asyncio.ensure_future(self._report(rec, self._event(rec, "STARTING")))
         try:
             handle = await self.executor.start(exec_spec)
         except ExecError as exc:
+            await starting
             await self._finish(rec, "FAILED", message=f"could not start: {exc}")
             return
-        rec.pid, rec.start_time = handle.pid, handle.start_time
-        await self.store.update(a.task_id, a.attempt, pid=handle.pid, start_time=handle.start_time)
-        await self._transition(rec, "RUNNING")
+        rec.pid, rec.start_time, rec.state = handle.pid, handle.start_time, "RUNNING"
+        await self.store.update(
+            a.task_id,
+            a.attempt,
+            pid=handle.pid,
+            start_time=handle.start_time,
+            state="RUNNING",
+            updated=time.time(),
+        )
+        await starting
+        await self._report(rec, self._event(rec, "RUNNING"))
         self._monitor(rec, handle)
+
+    def _event(self, rec: TaskRecord, state: str) -> TaskEvent:
+        return TaskEvent(
+            self.node_id, rec.job_id, rec.task_id, rec.attempt, TaskState(state), time.time()
+        )
 
     async def _kill(self, a: Assignment) -> None:
         key = (a.task_id, a.attempt)
@@ -244,7 +260,7 @@ class Agent:
                 task_id=a.task_id,
                 attempt=a.attempt,
                 job_id=a.job_id,
-                state="ACCEPTED",
+                state="KILLED",
                 assignment=b"",
                 updated=time.time(),
             )
@@ -277,12 +293,7 @@ class Agent:
     async def _transition(self, rec: TaskRecord, state: str) -> None:
         rec.state = state
         await self.store.update(rec.task_id, rec.attempt, state=state, updated=time.time())
-        await self._report(
-            rec,
-            TaskEvent(
-                self.node_id, rec.job_id, rec.task_id, rec.attempt, TaskState(state), time.time()
-            ),
-        )
+        await self._report(rec, self._event(rec, state))
 
     async def _finish(
         self,
@@ -328,7 +339,7 @@ class Agent:
             await asyncio.sleep(1.0)
             try:
                 for rec in await self.store.active():
-                    if rec.reported == rec.state or rec.state == "ACCEPTED":
+                    if rec.reported == rec.state:
                         continue
                     tail = ""
                     if rec.state in ENDED_HERE:

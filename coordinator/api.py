@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("mesh.api")
 
 MAX_REQUEST = 1024 * 1024
+MAX_CONCURRENT = 1024  # requests being answered at once by one candidate
+FORWARD_TIMEOUT_S = 5.0
 ENDPOINTS = (
     "job.submit",
     "job.get",
@@ -65,6 +67,8 @@ class Api:
         self.service: nats.micro.Service | None = None
         self._leader_subs: list[Any] = []
         self._inflight: dict[str, asyncio.Future[str]] = {}
+        self._requests: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(MAX_CONCURRENT)
         self.handlers: dict[str, Callable[[bytes], Awaitable[bytes]]] = {
             "job.submit": self.job_submit,
             "job.get": self.job_get,
@@ -99,6 +103,9 @@ class Api:
         if self.service is not None:
             await self.service.stop()
             self.service = None
+        for task in list(self._requests):
+            task.cancel()
+        await asyncio.gather(*self._requests, return_exceptions=True)
 
     async def start_leading(self) -> None:
         """Listen on the leader-only subjects that followers forward to."""
@@ -118,20 +125,43 @@ class Api:
             except Exception as exc:
                 log.debug("unsubscribe: %s", exc)
 
+    # nats-py runs one subscription's callbacks one at a time. Requests are answered in
+    # their own tasks instead, so a slow one (a write forwarded to a dying leader) never
+    # holds up the rest, and concurrent submits share one log append.
     def _micro_handler(self, endpoint: str):
         async def handle(req: nats.micro.Request) -> None:
-            await req.respond(await self.call(endpoint, req.data, forward=True))
+            async def answer() -> None:
+                await req.respond(await self.call(endpoint, req.data, forward=True))
+
+            await self._spawn(answer())
 
         return handle
 
     def _leader_handler(self, endpoint: str):
         async def handle(msg) -> None:
-            if msg.reply:
-                await self.coord.nc.publish(
-                    msg.reply, await self.call(endpoint, msg.data, forward=False)
-                )
+            if not msg.reply:
+                return
+
+            async def answer() -> None:
+                reply = await self.call(endpoint, msg.data, forward=False)
+                await self.coord.nc.publish(msg.reply, reply)
+
+            await self._spawn(answer())
 
         return handle
+
+    async def _spawn(self, coro) -> None:
+        await self._slots.acquire()  # back-pressure: at most MAX_CONCURRENT in flight
+        task = asyncio.create_task(coro)
+        self._requests.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._requests.discard(t)
+            self._slots.release()
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("api reply not sent: %s", t.exception())
+
+        task.add_done_callback(done)
 
     async def call(self, endpoint: str, data: bytes, forward: bool) -> bytes:
         """Answer one request; never raises."""
@@ -162,7 +192,7 @@ class Api:
     async def _forward(self, endpoint: str, data: bytes) -> bytes | None:
         try:
             msg = await self.coord.nc.request(
-                subjects.leader_api(self.coord.region, endpoint), data, timeout=10.0
+                subjects.leader_api(self.coord.region, endpoint), data, timeout=FORWARD_TIMEOUT_S
             )
             return msg.data
         except NoRespondersError:
@@ -237,9 +267,7 @@ class Api:
                 ErrorCode.NOT_LEADER, "leadership changed during the write; retry"
             ) from None
         except Unavailable as exc:
-            raise ApiError(
-                ErrorCode.UNAVAILABLE, f"job log not writable: {exc}; retry"
-            ) from None
+            raise ApiError(ErrorCode.UNAVAILABLE, f"job log not writable: {exc}; retry") from None
 
     # ------------------------------------------------------------ reads
 

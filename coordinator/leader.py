@@ -212,7 +212,7 @@ class Leader:
                 await asyncio.sleep(0.2)
                 continue
             with contextlib.suppress(NatsTimeout, asyncio.TimeoutError):
-                msgs += await psub.fetch(511, timeout=0.005)
+                msgs += await psub.fetch(511, timeout=0.002)
             await self._handle_events(msgs)
 
     async def _handle_events(self, msgs) -> None:

@@ -49,7 +49,10 @@ class Lease:
         self.holder = holder
         self.ttl = ttl
         self.renew_every = ttl / 4
-        self.poll_every = min(0.1, ttl / 10)
+        # A watch wakes followers at once on a graceful hand-over (delete). An expiry is
+        # found by polling `create`: a bucket with expiry markers would announce it, but
+        # then `create` is refused until the marker itself expires (a second later).
+        self.poll_every = min(0.25, ttl / 8)
         self.replicas = replicas
         self.on_elected = on_elected
         self.on_lost = on_lost
