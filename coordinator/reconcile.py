@@ -119,7 +119,7 @@ def _kill_stale_copies(state: RegionState, nodes: dict[str, NodeView], d: Decisi
         for key in view.live_tasks:
             tid, _, attempt_s = key.rpartition("#")
             t = state.tasks.get(tid)
-            if t is None or not attempt_s.isdigit():
+            if t is None or not (attempt_s.isascii() and attempt_s.isdigit()):
                 continue
             attempt = int(attempt_s)
             if t.state in HOLDING and t.node_id == view.node_id and t.attempt == attempt:

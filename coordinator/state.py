@@ -20,6 +20,7 @@ from mesh.schema import (
     TaskUpdated,
 )
 from workloads.lifecycle import ENDED, FINAL, JobState, TaskState, can_transition, job_state
+from workloads.quantity import SpecError
 from workloads.resources import Resources
 from workloads.spec import JobSpec, TaskGroup, parse_job_spec
 
@@ -170,7 +171,7 @@ class RegionState:
             if job is not None and not job.kill_requested:
                 job.kill_requested = True
                 job.kill_reason = ev.reason
-                self.killing.add(job.job_id)
+                self._track_killing(job)
         elif isinstance(ev, LeaderElected):
             self.term = max(self.term, ev.term)
             self.leader_id = ev.leader_id
@@ -179,7 +180,13 @@ class RegionState:
         if ev.job_id in self.jobs or ev.client_id in self.by_client:
             self.ignored += 1
             return
-        spec = parse_job_spec(ev.spec)
+        try:
+            spec = parse_job_spec(ev.spec)
+        except SpecError:
+            # Validated before it was logged; a log written by other code must still not
+            # stop the fold, or every candidate would fail on the same entry.
+            self.ignored += 1
+            return
         tasks: dict[str, TaskRecord] = {}
         for group in spec.tasks:
             for i in range(group.count):
@@ -213,6 +220,9 @@ class RegionState:
         task = self.tasks.get(ev.task_id)
         if task is None or ev.attempt != task.attempt or task.state == ev.state:
             self.ignored += 1
+            return
+        if ev.state == TaskState.PLACED:
+            self.ignored += 1  # placing books a node: only TaskPlaced does that
             return
         if not can_transition(task.state, ev.state):
             self.ignored += 1
@@ -248,10 +258,16 @@ class RegionState:
             task.gpu_uuids = ()
             task.finished_at = None
         self._history(task, ev.ts, ev.message)
-        if task.job_id in self.killing:
-            job = self.jobs[task.job_id]
-            if all(t.state in FINAL or t.state == TaskState.FAILED for t in job.tasks.values()):
-                self.killing.discard(task.job_id)
+        job = self.jobs[task.job_id]
+        if job.kill_requested:
+            self._track_killing(job)
+
+    def _track_killing(self, job: JobRecord) -> None:
+        """A killed job stays in `killing` while any task may still run or be retried."""
+        if all(t.state in FINAL or t.state == TaskState.FAILED for t in job.tasks.values()):
+            self.killing.discard(job.job_id)
+        else:
+            self.killing.add(job.job_id)
 
     def _count_pending(self, task: TaskRecord, delta: int) -> None:
         job = self.jobs[task.job_id]

@@ -305,7 +305,7 @@ def _union_conv(args: tuple, meta: dict) -> Converter:
         if not isinstance(x, dict):
             raise WireError(path, f"expected a map, got {type(x).__name__}")
         tag = x.get("_t")
-        if tag not in by_tag:
+        if not isinstance(tag, str) or tag not in by_tag:
             raise WireError(path, f"unknown message type {tag!r}")
         return by_tag[tag](x, path)
 

@@ -66,6 +66,22 @@ def _resources(x: Any, path: str) -> Resources:
 register(Resources, _resources)
 
 
+def _simulated_run(x: Any, path: str) -> SimulatedRun:
+    if not isinstance(x, dict):
+        raise WireError(path, f"expected a map, got {type(x).__name__}")
+    duration, code = x.get("duration_s"), x.get("exit_code", 0)
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)):
+        raise WireError(f"{path}.duration_s", "expected a number")
+    if not 0 <= duration <= 365 * 86400:
+        raise WireError(f"{path}.duration_s", f"{duration} is out of range [0, 1 year]")
+    if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
+        raise WireError(f"{path}.exit_code", "expected an integer in [0, 255]")
+    return SimulatedRun(float(duration), code)
+
+
+register(SimulatedRun, _simulated_run)
+
+
 # ---------------------------------------------------------------- agent state
 
 

@@ -308,7 +308,7 @@ async def test_run_as_unknown_user():
 
 
 async def test_unreleased_wrapper_runs_nothing(ex, tmp_path, monkeypatch):
-    """start() failing after the fork (here: the start time is unreadable) never runs the command."""
+    """start() failing after the fork (start time unreadable) never runs the command."""
     import agent.executor as executor_module
 
     marker = tmp_path / "ran"

@@ -1,0 +1,116 @@
+"""ClusterView: node liveness from heartbeat age, with time passed in (no sleeps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.cluster import DOWN, READY, SUSPECT, ClusterView, NodeView
+from mesh.schema import NodeState
+from workloads.resources import Resources
+
+
+def hb(node_id: str = "n1", seq: int = 1, region: str = "r1", **kw) -> NodeState:
+    return NodeState(node_id=node_id, region=region, seq=seq, ts=0.0, **kw)
+
+
+def test_a_new_node_is_ready_and_worth_a_reconcile():
+    cv = ClusterView("r1")
+    assert cv.observe(hb("n1"), now=100.0) is True
+    view = cv.nodes["n1"]
+    assert isinstance(view, NodeView)
+    assert (view.status, view.last_seen, view.node_id) == (READY, 100.0, "n1")
+    assert cv.ready() == [view]
+
+
+def test_ready_then_suspect_then_down_by_age():
+    cv = ClusterView("r1", suspect_after=3.0, down_after=10.0)
+    cv.observe(hb(), now=0.0)
+    assert cv.sweep(2.999) == []
+    assert cv.nodes["n1"].status == READY
+    assert cv.sweep(3.0) == ["n1"]
+    assert cv.nodes["n1"].status == SUSPECT
+    assert cv.ready() == []
+    assert cv.sweep(9.9) == []  # unchanged: not reported again
+    assert cv.sweep(10.0) == ["n1"]
+    assert cv.nodes["n1"].status == DOWN
+    assert cv.sweep(1000.0) == []
+    assert cv.nodes["n1"].status == DOWN
+
+
+def test_a_long_silence_goes_straight_to_down():
+    cv = ClusterView("r1")
+    cv.observe(hb(), now=0.0)
+    assert cv.sweep(60.0) == ["n1"]
+    assert cv.nodes["n1"].status == DOWN
+
+
+def test_regular_heartbeats_keep_a_node_ready():
+    cv = ClusterView("r1", suspect_after=3.0, down_after=10.0)
+    cv.observe(hb(seq=0), now=0.0)
+    for i in range(1, 20):
+        assert cv.observe(hb(seq=i), now=i * 2.0) is False  # nothing new: no reconcile
+        assert cv.sweep(i * 2.0 + 2.5) == []
+    assert cv.nodes["n1"].status == READY
+    assert cv.nodes["n1"].state.seq == 19
+
+
+@pytest.mark.parametrize("silence,status", [(5.0, SUSPECT), (15.0, DOWN)])
+def test_a_heartbeat_brings_a_node_back(silence, status):
+    cv = ClusterView("r1", suspect_after=3.0, down_after=10.0)
+    cv.observe(hb(seq=1), now=0.0)
+    cv.sweep(silence)
+    assert cv.nodes["n1"].status == status
+    assert cv.observe(hb(seq=2), now=silence + 0.1) is True
+    view = cv.nodes["n1"]
+    assert (view.status, view.last_seen, view.state.seq) == (READY, silence + 0.1, 2)
+    assert cv.sweep(silence + 0.2) == []
+    assert cv.ready() == [view]
+
+
+def test_a_restarted_agent_counting_from_zero_is_taken_back_after_down():
+    cv = ClusterView("r1")
+    cv.observe(hb(seq=500), now=0.0)
+    cv.sweep(20.0)
+    assert cv.observe(hb(seq=0), now=21.0) is True
+    assert cv.nodes["n1"].state.seq == 0
+    assert cv.observe(hb(seq=1), now=22.0) is False
+    assert cv.nodes["n1"].state.seq == 1
+
+
+def test_a_state_from_another_region_is_rejected():
+    cv = ClusterView("r1")
+    assert cv.observe(hb("n1", region="r2"), now=0.0) is False
+    assert cv.nodes == {}
+    assert cv.rejected == 1
+    cv.observe(hb("n1", region="r1"), now=0.0)
+    # nor may another region's heartbeat keep a known node alive
+    assert cv.observe(hb("n1", seq=2, region="r2"), now=5.0) is False
+    assert cv.nodes["n1"].last_seen == 0.0 and cv.nodes["n1"].state.region == "r1"
+    assert cv.rejected == 2
+    assert cv.sweep(5.0) == ["n1"]
+
+
+def test_nodes_age_independently():
+    cv = ClusterView("r1", suspect_after=3.0, down_after=10.0)
+    cv.observe(hb("a"), now=0.0)
+    cv.observe(hb("b"), now=5.0)
+    assert sorted(cv.sweep(6.0)) == ["a"]
+    assert (cv.nodes["a"].status, cv.nodes["b"].status) == (SUSPECT, READY)
+    assert sorted(cv.sweep(12.0)) == ["a", "b"]
+    assert (cv.nodes["a"].status, cv.nodes["b"].status) == (DOWN, SUSPECT)
+    assert [v.node_id for v in cv.ready()] == []
+
+
+def test_thresholds_are_configurable():
+    cv = ClusterView("r1", suspect_after=0.5, down_after=1.0)
+    cv.observe(hb(), now=0.0)
+    assert cv.sweep(0.5) == ["n1"] and cv.nodes["n1"].status == SUSPECT
+    assert cv.sweep(1.0) == ["n1"] and cv.nodes["n1"].status == DOWN
+
+
+def test_view_exposes_the_latest_state():
+    cv = ClusterView("r1")
+    cv.observe(hb(capacity=Resources(cpu=4000), tasks=("j.w.0#1", "j.w.1#2")), now=0.0)
+    view = cv.nodes["n1"]
+    assert view.state.capacity == Resources(cpu=4000)
+    assert view.live_tasks == frozenset({"j.w.0#1", "j.w.1#2"})

@@ -1,0 +1,630 @@
+"""reconcile(): the leader's pure decisions, one rule at a time, over states built by folding
+real log events (RegionState.apply) and hand-made node views."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from coordinator.cluster import DOWN, READY, SUSPECT, NodeView
+from coordinator.reconcile import Decisions, Kill, reconcile
+from coordinator.state import HOLDING, RegionState
+from mesh.schema import (
+    JobKillRequested,
+    JobSubmitted,
+    LeaderElected,
+    LogEntry,
+    NodeState,
+    TaskPlaced,
+    TaskUpdated,
+)
+from workloads.lifecycle import JobState, TaskState
+from workloads.resources import Resources
+
+S = TaskState
+GiB = 2**30
+NOW = 1000.0
+
+
+def job_spec(
+    name="job",
+    *,
+    count=2,
+    retries=0,
+    on_lost=True,
+    simulate=False,
+    cpu="1",
+    memory="1Gi",
+    priority=0,
+) -> dict:
+    group = {"role": "w", "count": count, "resources": {"cpu": cpu, "memory": memory}}
+    if simulate:
+        group["simulate"] = {"duration": 1.0}
+    else:
+        group["command"] = ["true"]
+    return {
+        "name": name,
+        "priority": priority,
+        "restart": {"max_retries": retries, "reschedule_on_lost": on_lost},
+        "tasks": [group],
+    }
+
+
+class Log:
+    """A job log folded into a RegionState, as the leader's shell does."""
+
+    def __init__(self) -> None:
+        self.state = RegionState()
+        self.seq = 0
+        self.append(LeaderElected(1, "c1"))
+
+    def append(self, *events) -> None:
+        self.seq += 1
+        assert self.state.apply(self.seq, LogEntry(1, "c1", tuple(events)))
+
+    def submit(self, job_id: str, **kw) -> None:
+        self.append(JobSubmitted(job_id, f"client-{job_id}", job_spec(**kw), 1.0))
+
+    def place(self, tid: str, node: str) -> None:
+        t = self.state.tasks[tid]
+        self.append(TaskPlaced(t.job_id, tid, t.attempt + 1, node, 2.0))
+
+    def update(self, tid: str, state: TaskState, **kw) -> None:
+        t = self.state.tasks[tid]
+        self.append(TaskUpdated(t.job_id, tid, t.attempt, state, t.node_id, 3.0, **kw))
+
+    def run(self, tid: str, node: str) -> None:
+        self.place(tid, node)
+        self.update(tid, S.RUNNING)
+
+    def decide(self, nodes: dict[str, NodeView], now: float = NOW) -> Decisions:
+        return reconcile(self.state, nodes, now)
+
+    def step(self, nodes: dict[str, NodeView], now: float = NOW) -> Decisions:
+        """One round: decide, then append and apply what was decided."""
+        d = self.decide(nodes, now)
+        if d.events:
+            self.append(*d.events)
+        return d
+
+
+def view(
+    node_id: str,
+    status: str = READY,
+    *,
+    cpu: int = 8000,
+    memory: int = 16 * GiB,
+    simulated: bool = False,
+    tasks: tuple[str, ...] = (),
+) -> NodeView:
+    state = NodeState(
+        node_id=node_id,
+        region="r",
+        seq=1,
+        ts=0.0,
+        capacity=Resources(cpu=cpu, memory=memory),
+        simulated=simulated,
+        tasks=tuple(tasks),
+    )
+    return NodeView(state, last_seen=0.0, status=status)
+
+
+def cluster(*views: NodeView) -> dict[str, NodeView]:
+    return {v.node_id: v for v in views}
+
+
+def updates(d: Decisions) -> list[tuple[str, TaskState]]:
+    return [(e.task_id, e.state) for e in d.events if isinstance(e, TaskUpdated)]
+
+
+def placements(d: Decisions) -> list[tuple[str, str, int]]:
+    return [(e.task_id, e.node_id, e.attempt) for e in d.events if isinstance(e, TaskPlaced)]
+
+
+def snapshot(state: RegionState):
+    return (
+        state.last_seq,
+        state.ignored,
+        sorted(state.waiting),
+        sorted(state.unsettled),
+        sorted(state.killing),
+        sorted((n, sorted(t)) for n, t in state.node_tasks.items()),
+        sorted(
+            (tid, str(t.state), t.attempt, t.node_id, t.failures) for tid, t in state.tasks.items()
+        ),
+    )
+
+
+# --------------------------------------------------------------------------- lost nodes
+
+
+def test_tasks_on_a_down_node_become_lost():
+    log = Log()
+    log.submit("j", count=3)
+    log.run("j.w.0", "n1")
+    log.place("j.w.1", "n1")  # PLACED holds the node too
+    log.run("j.w.2", "n2")
+    nodes = cluster(view("n1", DOWN), view("n2"))
+    d = log.decide(nodes)
+    assert updates(d) == [("j.w.0", S.LOST), ("j.w.1", S.LOST)]
+    for e in d.events:
+        assert (e.attempt, e.node_id, e.ts) == (1, "n1", NOW)
+        assert "n1" in e.message
+    assert placements(d) == [] and d.kills == []
+    log.append(*d.events)
+    assert log.state.tasks["j.w.0"].state == S.LOST
+    assert "n1" not in log.state.node_tasks
+    assert log.state.node_tasks == {"n2": {"j.w.2"}}
+
+
+@pytest.mark.parametrize("status", [READY, SUSPECT])
+def test_tasks_on_a_live_or_suspect_node_are_not_lost(status):
+    log = Log()
+    log.submit("j", count=1)
+    log.run("j.w.0", "n1")
+    d = log.decide(cluster(view("n1", status, tasks=("j.w.0#1",))))
+    assert d.events == [] and d.kills == []
+
+
+def test_a_node_missing_from_the_view_does_not_lose_its_tasks():
+    # the shell seeds nodes it never heard from; reconcile itself only acts on DOWN
+    log = Log()
+    log.submit("j", count=1)
+    log.run("j.w.0", "gone")
+    assert log.decide(cluster(view("other"))).events == []
+
+
+def test_lost_with_reschedule_on_lost_goes_back_to_pending_then_is_placed_again():
+    log = Log()
+    log.submit("j", count=1, on_lost=True)
+    log.run("j.w.0", "n1")
+    nodes = cluster(view("n1", DOWN), view("n2"))
+    d = log.step(nodes)
+    assert updates(d) == [("j.w.0", S.LOST)]
+    d = log.step(nodes)
+    assert updates(d) == [("j.w.0", S.PENDING)]
+    assert d.events[0].attempt == 1
+    assert "node loss" in d.events[0].message
+    assert placements(d) == []  # placed in the next round, from a settled state
+    d = log.step(nodes)
+    assert placements(d) == [("j.w.0", "n2", 2)]
+    t = log.state.tasks["j.w.0"]
+    assert (t.state, t.attempt, t.node_id) == (S.PLACED, 2, "n2")
+    assert log.step(nodes).events == []
+
+
+def test_lost_without_reschedule_on_lost_stays_lost():
+    log = Log()
+    log.submit("j", count=1, on_lost=False)
+    log.run("j.w.0", "n1")
+    nodes = cluster(view("n1", DOWN), view("n2"))
+    log.step(nodes)
+    d = log.step(nodes)
+    assert d.events == [] and d.kills == []
+    assert log.state.tasks["j.w.0"].state == S.LOST
+    assert log.state.jobs["j"].state == JobState.FAILED
+
+
+# --------------------------------------------------------------------------- retries
+
+
+def test_failed_with_retries_left_goes_back_to_pending_until_exhausted():
+    log = Log()
+    log.submit("j", count=1, retries=2)
+    nodes = cluster(view("n1"))
+    for attempt in (1, 2, 3):
+        d = log.step(nodes)
+        assert placements(d) == [("j.w.0", "n1", attempt)]
+        log.update("j.w.0", S.RUNNING)
+        log.update("j.w.0", S.FAILED, exit_code=1)
+        d = log.step(nodes)
+        if attempt <= 2:
+            assert updates(d) == [("j.w.0", S.PENDING)]
+            assert d.events[0].message == f"retry {attempt} of 2 after failure"
+        else:
+            assert d.events == []  # 3 failures: 1 run + 2 retries used up
+    t = log.state.tasks["j.w.0"]
+    assert (t.state, t.failures, t.attempt) == (S.FAILED, 3, 3)
+    assert log.state.jobs["j"].state == JobState.FAILED
+
+
+def test_failed_without_retries_ends_the_task():
+    log = Log()
+    log.submit("j", count=1, retries=0)
+    log.run("j.w.0", "n1")
+    log.update("j.w.0", S.FAILED, exit_code=2)
+    d = log.decide(cluster(view("n1")))
+    assert d.events == [] and d.kills == []
+
+
+def test_preempted_is_requeued():
+    log = Log()
+    log.submit("j", count=1)
+    log.run("j.w.0", "n1")
+    log.update("j.w.0", S.PREEMPTED)
+    d = log.decide(cluster(view("n1")))
+    assert updates(d) == [("j.w.0", S.PENDING)]
+    assert placements(d) == []
+
+
+def test_losses_and_preemptions_do_not_use_up_retries():
+    log = Log()
+    log.submit("j", count=1, retries=0)
+    nodes = cluster(view("n1"))
+    log.step(nodes)
+    log.update("j.w.0", S.RUNNING)
+    log.update("j.w.0", S.PREEMPTED)
+    assert updates(log.step(nodes)) == [("j.w.0", S.PENDING)]
+    log.step(nodes)
+    log.update("j.w.0", S.LOST)
+    assert updates(log.step(nodes)) == [("j.w.0", S.PENDING)]
+
+
+# --------------------------------------------------------------------------- kills
+
+
+def killed_job_log(reason: str = "user asked") -> Log:
+    log = Log()
+    log.submit("j", count=3)
+    log.run("j.w.0", "n1")
+    log.place("j.w.1", "n2")
+    log.update("j.w.1", S.PENDING)  # placement undone: PENDING again, attempt 1
+    log.append(JobKillRequested("j", 5.0, reason))
+    return log
+
+
+def test_killed_job_kills_pending_tasks_and_stops_running_ones():
+    log = killed_job_log()
+    nodes = cluster(view("n1"), view("n2"))
+    d = log.decide(nodes)
+    assert sorted(updates(d)) == [("j.w.1", S.KILLED), ("j.w.2", S.KILLED)]
+    by_task = {e.task_id: e for e in d.events}
+    assert by_task["j.w.1"].attempt == 1 and by_task["j.w.2"].attempt == 0
+    assert all(e.message == "user asked" for e in d.events)
+    assert d.kills == [Kill("n1", "j", "j.w.0", 1, "user asked")]
+    assert placements(d) == []
+
+
+def test_killed_job_is_never_placed():
+    log = Log()
+    log.submit("j", count=1)
+    log.append(JobKillRequested("j", 5.0, ""))
+    d = log.step(cluster(view("n1")))
+    assert updates(d) == [("j.w.0", S.KILLED)]
+    assert d.events[0].message == "job killed"  # a default reason
+    d = log.step(cluster(view("n1")))
+    assert d.events == [] and d.kills == [] and d.unplaced == {}
+    assert log.state.jobs["j"].state == JobState.KILLED
+    assert log.state.killing == set()
+
+
+def test_kill_is_resent_until_the_agent_reports_it():
+    log = killed_job_log()
+    nodes = cluster(view("n1"), view("n2"))
+    log.step(nodes)
+    again = log.decide(nodes)
+    assert again.events == []
+    assert again.kills == [Kill("n1", "j", "j.w.0", 1, "user asked")]
+    log.update("j.w.0", S.KILLED)
+    done = log.decide(nodes)
+    assert done.events == [] and done.kills == []
+    assert log.state.jobs["j"].state == JobState.KILLED
+
+
+@pytest.mark.parametrize("ended", [S.LOST, S.PREEMPTED])
+def test_killed_job_ends_lost_and_preempted_tasks_as_killed(ended):
+    log = Log()
+    log.submit("j", count=1, on_lost=True)
+    log.run("j.w.0", "n1")
+    log.update("j.w.0", ended)
+    log.append(JobKillRequested("j", 5.0, "stop"))
+    d = log.decide(cluster(view("n1")))
+    assert updates(d) == [("j.w.0", S.KILLED)]
+    assert d.events[0].message == "stop"
+
+
+def test_killed_job_does_not_retry_a_failed_task():
+    log = Log()
+    log.submit("j", count=1, retries=5)
+    log.run("j.w.0", "n1")
+    log.update("j.w.0", S.FAILED, exit_code=1)
+    log.append(JobKillRequested("j", 5.0, "stop"))
+    d = log.decide(cluster(view("n1")))
+    assert d.events == [] and d.kills == []
+
+
+# --------------------------------------------------------------------------- stale copies
+
+
+def moved_task_log() -> Log:
+    """j.w.0 ran on n1 (attempt 1), was lost and now runs on n2 (attempt 2)."""
+    log = Log()
+    log.submit("j", count=1)
+    log.run("j.w.0", "n1")
+    log.update("j.w.0", S.LOST)
+    log.update("j.w.0", S.PENDING)
+    log.run("j.w.0", "n2")
+    return log
+
+
+def test_a_copy_reported_by_a_node_it_is_not_assigned_to_is_killed():
+    log = moved_task_log()
+    d = log.decide(cluster(view("n1", tasks=("j.w.0#1",)), view("n2", tasks=("j.w.0#2",))))
+    assert d.kills == [
+        Kill("n1", "j", "j.w.0", 1, "stale copy: this attempt is no longer assigned to this node")
+    ]
+    assert d.events == []
+
+
+def test_an_old_attempt_on_the_assigned_node_is_killed():
+    log = moved_task_log()
+    d = log.decide(cluster(view("n2", tasks=("j.w.0#1", "j.w.0#2"))))
+    assert [(k.node_id, k.task_id, k.attempt) for k in d.kills] == [("n2", "j.w.0", 1)]
+
+
+def test_a_suspect_node_reporting_a_stale_copy_is_told_to_kill_it():
+    log = moved_task_log()
+    d = log.decide(cluster(view("n1", SUSPECT, tasks=("j.w.0#1",)), view("n2")))
+    assert [(k.node_id, k.attempt) for k in d.kills] == [("n1", 1)]
+
+
+def test_a_down_nodes_last_report_is_not_acted_on():
+    log = moved_task_log()
+    d = log.decide(cluster(view("n1", DOWN, tasks=("j.w.0#1",)), view("n2")))
+    assert d.kills == []
+
+
+def test_a_copy_of_a_finished_task_is_killed():
+    log = Log()
+    log.submit("j", count=1)
+    log.run("j.w.0", "n1")
+    log.update("j.w.0", S.SUCCEEDED, exit_code=0)
+    d = log.decide(cluster(view("n1", tasks=("j.w.0#1",))))
+    assert [(k.node_id, k.task_id, k.attempt) for k in d.kills] == [("n1", "j.w.0", 1)]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "garbage",
+        "j.w.0",
+        "j.w.0#",
+        "j.w.0#x",
+        "j.w.0#-1",
+        "#1",
+        "nope#1",
+        "j.w.0#1.5",
+        "j.w.0# 1",
+        "",
+    ],
+)
+def test_malformed_or_unknown_live_task_keys_are_ignored(key):
+    log = moved_task_log()
+    d = log.decide(cluster(view("n2", tasks=(key, "j.w.0#2"))))
+    assert d.kills == [] and d.events == []
+
+
+@pytest.mark.parametrize("key", ["j.w.0#\u00b2", "j.w.0#\u2460", "j.w.0#1\u00b9"])
+def test_non_decimal_digits_in_a_live_task_key_do_not_crash_reconcile(key):
+    # str.isdigit() is True for superscripts and circled digits, but int() refuses them; a
+    # heartbeat's `tasks` comes from an agent over the wire and is only length-checked.
+    log = moved_task_log()
+    d = log.decide(cluster(view("n2", tasks=(key, "j.w.0#2"))))
+    assert d.kills == [] and d.events == []
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def test_placement_waits_while_other_events_are_pending_in_the_round():
+    log = Log()
+    log.submit("a", count=1)
+    log.submit("b", count=1)
+    log.run("b.w.0", "n1")
+    nodes = cluster(view("n1", DOWN), view("n2"))
+    d = log.step(nodes)
+    assert updates(d) == [("b.w.0", S.LOST)]
+    assert placements(d) == []  # "a" waits although n2 has room
+    d = log.step(nodes)
+    assert updates(d) == [("b.w.0", S.PENDING)]
+    assert placements(d) == []
+    d = log.step(nodes)
+    assert sorted(placements(d)) == [("a.w.0", "n2", 1), ("b.w.0", "n2", 2)]
+
+
+def test_kills_alone_do_not_hold_placement_back():
+    log = moved_task_log()
+    log.submit("k", count=1)
+    d = log.decide(cluster(view("n1", tasks=("j.w.0#1",)), view("n2")))
+    assert len(d.kills) == 1
+    assert [p[0] for p in placements(d)] == ["k.w.0"]
+
+
+def test_suspect_and_down_nodes_get_no_new_placements():
+    log = Log()
+    log.submit("j", count=1, cpu="1")
+    d = log.decide(
+        cluster(
+            view("big", SUSPECT, cpu=64000), view("small", cpu=1000), view("dead", DOWN, cpu=64000)
+        )
+    )
+    assert placements(d) == [("j.w.0", "small", 1)]
+    d = log.decide(cluster(view("big", SUSPECT, cpu=64000), view("dead", DOWN)))
+    assert placements(d) == []
+    assert d.unplaced["j"].endswith("no ready nodes")
+
+
+def test_placement_counts_what_the_node_already_holds():
+    log = Log()
+    log.submit("old", count=1, cpu="3")
+    log.run("old.w.0", "a")
+    log.submit("new", count=1, cpu="2")
+    d = log.decide(cluster(view("a", cpu=4000), view("b", cpu=8000)))
+    # a has 1 core left: the 2-core task must go to b although a is the tighter node on paper
+    assert placements(d) == [("new.w.0", "b", 1)]
+
+
+def test_a_gang_waits_whole_and_says_why():
+    log = Log()
+    log.submit("j", count=3, cpu="4")
+    d = log.decide(cluster(view("a", cpu=8000)))
+    assert placements(d) == []
+    assert "insufficient cpu" in d.unplaced["j"]
+    log2 = Log()
+    log2.submit("j", count=3, cpu="4")
+    d = log2.decide(cluster(view("a", cpu=8000), view("b", cpu=4000)))
+    assert sorted(p[1] for p in placements(d)) == ["a", "a", "b"]
+
+
+def test_simulated_jobs_go_to_simulated_nodes():
+    log = Log()
+    log.submit("sim", count=1, simulate=True)
+    log.submit("real", count=1)
+    d = log.decide(cluster(view("hollow", simulated=True), view("metal")))
+    assert sorted(placements(d)) == [("real.w.0", "metal", 1), ("sim.w.0", "hollow", 1)]
+
+
+def test_higher_priority_job_is_placed_first():
+    log = Log()
+    log.submit("low", count=1, cpu="4", priority=1)
+    log.submit("high", count=1, cpu="4", priority=10)
+    d = log.decide(cluster(view("a", cpu=4000)))
+    assert placements(d) == [("high.w.0", "a", 1)]
+    assert set(d.unplaced) == {"low"}
+
+
+def test_nothing_to_do():
+    log = Log()
+    d = log.decide(cluster(view("a")))
+    assert (d.events, d.kills, d.unplaced) == ([], [], {})
+
+
+def test_reconcile_does_not_change_the_state():
+    log = killed_job_log()
+    log.submit("other", count=2)
+    log.run("other.w.0", "n3")
+    nodes = cluster(view("n1"), view("n2", tasks=("j.w.1#1",)), view("n3", DOWN))
+    before = snapshot(log.state)
+    first = log.decide(nodes)
+    assert snapshot(log.state) == before
+    second = log.decide(nodes)
+    assert (first.events, first.kills, first.unplaced) == (
+        second.events,
+        second.kills,
+        second.unplaced,
+    )
+
+
+def test_a_node_that_was_down_and_comes_back_has_its_stale_copy_killed():
+    log = Log()
+    log.submit("j", count=1)
+    nodes = cluster(view("n1"), view("n2", cpu=4000))
+    log.step(nodes)  # best fit: n2
+    assert log.state.tasks["j.w.0"].node_id == "n2"
+    log.update("j.w.0", S.RUNNING)
+    nodes["n2"].status = DOWN
+    for _ in range(3):
+        log.step(nodes)
+    t = log.state.tasks["j.w.0"]
+    assert (t.state, t.node_id, t.attempt) == (S.PLACED, "n1", 2)
+    nodes["n2"] = view("n2", tasks=("j.w.0#1",))  # back, still running the old copy
+    d = log.step(nodes)
+    assert d.kills == [
+        Kill("n2", "j", "j.w.0", 1, "stale copy: this attempt is no longer assigned to this node")
+    ]
+    assert d.events == []
+
+
+# --------------------------------------------------------------------------- random rounds
+
+
+def run_rounds(seed: int) -> None:
+    """Random jobs, nodes and outcomes driven round after round: whatever happens, a READY
+    node is never given more than its capacity, and nothing is placed on a node that is not
+    READY."""
+    rnd = random.Random(seed)
+    log = Log()
+    statuses = [READY, READY, READY, SUSPECT, DOWN]
+    nodes = {
+        f"n{i}": view(
+            f"n{i}",
+            rnd.choice(statuses),
+            cpu=rnd.choice([2000, 4000, 8000]),
+            memory=rnd.choice([2, 4, 8]) * GiB,
+            simulated=rnd.random() < 0.2,
+        )
+        for i in range(rnd.randint(1, 4))
+    }
+    for j in range(rnd.randint(1, 5)):
+        log.submit(
+            f"j{j}",
+            count=rnd.randint(1, 3),
+            cpu=str(rnd.randint(1, 4)),
+            memory=f"{rnd.randint(1, 3)}Gi",
+            retries=rnd.randint(0, 2),
+            on_lost=rnd.random() < 0.7,
+            simulate=rnd.random() < 0.2,
+            priority=rnd.randint(0, 3),
+        )
+    for _ in range(30):
+        if rnd.random() < 0.15:
+            log.append(JobKillRequested(f"j{rnd.randrange(5)}", 0.0, "r"))
+        before = {tid: (t.state, t.node_id) for tid, t in log.state.tasks.items()}
+        d = log.step(nodes)
+        for e in d.events:
+            if isinstance(e, TaskPlaced):
+                assert nodes[e.node_id].status == READY
+                assert before[e.task_id][0] == S.PENDING
+        for k in d.kills:
+            assert k.node_id in nodes or k.node_id in {n for _, n in before.values()}
+        for n, v in nodes.items():
+            if v.status == READY:
+                assert log.state.allocated(n).fits_in(v.state.capacity), n
+        # agents move some running tasks along
+        for tid, t in list(log.state.tasks.items()):
+            if t.state in HOLDING and nodes[t.node_id].status != DOWN and rnd.random() < 0.5:
+                log.update(
+                    tid, rnd.choice([S.RUNNING, S.SUCCEEDED, S.FAILED, S.PREEMPTED, S.KILLED])
+                )
+        # and nodes change their minds
+        if rnd.random() < 0.3:
+            nodes[rnd.choice(list(nodes))].status = rnd.choice(statuses)
+    # all indexes still agree with a scan
+    s = log.state
+    assert s.unsettled == {
+        tid for tid, t in s.tasks.items() if t.state in (S.FAILED, S.LOST, S.PREEMPTED)
+    }
+    assert s.waiting == {
+        j for j, job in s.jobs.items() if any(t.state == S.PENDING for t in job.tasks.values())
+    }
+
+
+@settings(
+    max_examples=150,
+    database=None,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=(Phase.explicit, Phase.generate),
+)  # a seed does not shrink
+@given(st.integers(0, 2**32 - 1))
+def test_random_rounds_never_over_commit_a_ready_node(seed):
+    run_rounds(seed)
+
+
+def test_no_pending_task_is_left_behind_when_there_is_room():
+    # Jobs of every kind, one roomy node, agents that finish everything: the log drains.
+    log = Log()
+    for j in range(4):
+        log.submit(f"j{j}", count=2, retries=1)
+    nodes = cluster(view("n1", cpu=64000, memory=64 * GiB))
+    for _ in range(10):
+        log.step(nodes)
+        for tid, t in log.state.tasks.items():
+            if t.state in HOLDING:
+                log.update(tid, S.SUCCEEDED, exit_code=0)
+    assert all(job.state == JobState.SUCCEEDED for job in log.state.jobs.values())
+    assert log.decide(nodes).events == []
