@@ -16,10 +16,13 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import nats.micro
+import yaml
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from coordinator.joblog import Fenced, Unavailable
+from coordinator.pooling import pool_rows, pool_view
+from coordinator.pools import parse_pool_tree
 from coordinator.views import job_detail, node_summary
 from mesh import subjects
 from mesh.codec import WireError, decode
@@ -32,6 +35,10 @@ from mesh.schema import (
     JobSubmitted,
     KillRequest,
     NodeRef,
+    PoolApplyRequest,
+    PoolRef,
+    PoolsApplied,
+    Resources,
     SubmitRequest,
     error_reply,
     ok,
@@ -49,6 +56,9 @@ MAX_REQUEST = 1024 * 1024
 MAX_CONCURRENT = 1024  # requests being answered at once by one candidate
 FORWARD_TIMEOUT_S = 5.0
 ENDPOINTS = (
+    "pool.apply",
+    "pool.list",
+    "pool.get",
     "job.submit",
     "job.get",
     "job.list",
@@ -57,7 +67,7 @@ ENDPOINTS = (
     "node.get",
     "cluster.info",
 )
-WRITES = frozenset({"job.submit", "job.kill"})
+WRITES = frozenset({"job.submit", "job.kill", "pool.apply"})
 VERSION = "0.1.0"
 
 
@@ -77,6 +87,9 @@ class Api:
             "node.list": self.node_list,
             "node.get": self.node_get,
             "cluster.info": self.cluster_info,
+            "pool.apply": self.pool_apply,
+            "pool.list": self.pool_list,
+            "pool.get": self.pool_get,
         }
 
     # ------------------------------------------------------------ serving
@@ -216,6 +229,12 @@ class Api:
         except SpecError as exc:
             raise ApiError(ErrorCode.INVALID_SPEC, str(exc)) from None
         state = self.coord.state
+        if spec.pool not in state.pools or not state.pools.is_leaf(spec.pool):
+            what = "is not defined" if spec.pool not in state.pools else "has child pools"
+            raise ApiError(
+                ErrorCode.INVALID_SPEC,
+                f"pool: {spec.pool} {what}; jobs go to leaf pools (see `mesh pool list`)",
+            )
         existing = state.by_client.get(req.client_id)
         if existing is None and req.client_id in self._inflight:
             existing = await asyncio.shield(self._inflight[req.client_id])
@@ -334,6 +353,55 @@ class Api:
             jobs=states,
             version=VERSION,
         )
+
+    # ------------------------------------------------------------ pools
+
+    async def pool_apply(self, data: bytes) -> bytes:
+        req = _decode(PoolApplyRequest, data)
+        try:
+            tree = parse_pool_tree(req.source if req.source is not None else "")
+            source = yaml.safe_load(req.source) if isinstance(req.source, str) else req.source
+        except (SpecError, yaml.YAMLError) as exc:
+            raise ApiError(ErrorCode.INVALID_SPEC, str(exc)) from None
+        live: dict[str, int] = {}
+        for job in self.coord.state.jobs.values():
+            if job.state in (JobState.PENDING, JobState.RUNNING):
+                live[job.spec.pool] = live.get(job.spec.pool, 0) + 1
+        stranded = [p for p in sorted(live) if p not in tree or not tree.is_leaf(p)]
+        if stranded:
+            raise ApiError(
+                ErrorCode.CONFLICT,
+                "; ".join(
+                    f"pool {p} has {live[p]} live job(s) and would no longer be a leaf pool"
+                    for p in stranded
+                ),
+            )
+        leader = self._leader()
+        await self._append(leader, [PoolsApplied(dict(source), time.time())])
+        leader.wake()
+        return ok(pools=list(tree.order))
+
+    def _pool_rows(self) -> list[dict]:
+        c = self.coord
+        capacity = Resources()
+        for v in c.cluster.ready():
+            capacity = capacity + v.state.capacity
+        view = pool_view(c.state, capacity, c.state.pending_jobs(), time.time())
+        return pool_rows(c.state, view)
+
+    async def pool_list(self, data: bytes) -> bytes:
+        return ok(pools=self._pool_rows())
+
+    async def pool_get(self, data: bytes) -> bytes:
+        req = _decode(PoolRef, data)
+        if req.path not in self.coord.state.pools:
+            raise ApiError(ErrorCode.NOT_FOUND, f"no pool {req.path!r}")
+        row = next(r for r in self._pool_rows() if r["path"] == req.path)
+        jobs: dict[str, int] = {}
+        for job in self.coord.state.jobs.values():
+            if job.spec.pool == req.path:
+                jobs[str(job.state)] = jobs.get(str(job.state), 0) + 1
+        return ok(pool={**row, "jobs": jobs})
 
 
 def _decode(cls: type, data: bytes) -> Any:

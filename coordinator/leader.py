@@ -18,6 +18,7 @@ from nats.js.api import ConsumerConfig
 
 from coordinator.cluster import NodeView
 from coordinator.joblog import Fenced, LogWriter, Unavailable
+from coordinator.pooling import PoolView, preemptions
 from coordinator.reconcile import Kill, reconcile
 from coordinator.state import TaskRecord
 from mesh import subjects
@@ -25,13 +26,14 @@ from mesh.codec import WireError, decode, encode
 from mesh.schema import (
     Assignment,
     LeaderElected,
+    LogEvent,
     NodeState,
     TaskEvent,
     TaskPlaced,
     TaskSpec,
     TaskUpdated,
 )
-from workloads.lifecycle import ENDED, FINAL
+from workloads.lifecycle import ENDED, FINAL, TaskState
 
 if TYPE_CHECKING:
     from coordinator.service import Coordinator
@@ -57,6 +59,8 @@ class Leader:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._kills_sent: dict[tuple[str, str, int], float] = {}
+        self._over_counts: dict[str, int] = {}
+        self._last_preempt = 0.0
 
     async def start(self) -> None:
         """Catch up with the log, then claim it with a fenced LeaderElected entry."""
@@ -113,10 +117,15 @@ class Leader:
     async def reconcile_once(self) -> None:
         for _ in range(MAX_ROUNDS):
             self.coord.cluster.sweep(time.monotonic())
-            d = reconcile(self.state, self.coord.cluster.nodes, time.time())
+            now = time.time()
+            d = reconcile(self.state, self.coord.cluster.nodes, now)
             self.unplaced = d.unplaced
             if d.kills:
                 await self._send_kills(d.kills)
+            if not d.events and d.pools is not None:
+                d.events = self._preemptions(d.pools, now)
+            elif d.pools is None:
+                self._over_counts = {}
             if not d.events:
                 return
             await self.writer.append(d.events)
@@ -125,6 +134,20 @@ class Leader:
                 await self._publish_runs([self.state.tasks[ev.task_id] for ev in placed])
 
     # ------------------------------------------------------------ assignments
+
+    def _preemptions(self, view: PoolView, now: float) -> list[LogEvent]:
+        """One preemption cycle every `preempt_every_s`: hysteresis counts cycles, not
+        reconcile rounds (those run on every event)."""
+        mono = time.monotonic()
+        if mono - self._last_preempt < self.coord.config.preempt_every_s:
+            return []
+        self._last_preempt = mono
+        events, self._over_counts = preemptions(
+            self.state, view, self._over_counts, self.coord.config.preempt_cycles, now
+        )
+        for ev in events:
+            log.info("%s", ev.reason)
+        return list(events)
 
     def _run_assignment(self, t: TaskRecord) -> Assignment:
         g = t.group
@@ -233,17 +256,20 @@ class Leader:
             if t is None:
                 continue
             if ev.attempt == t.attempt and ev.node_id == t.node_id:
+                state, message = ev.state, ev.message
+                if state == TaskState.KILLED and t.preempt_reason:
+                    state, message = TaskState.PREEMPTED, t.preempt_reason
                 updates.append(
                     TaskUpdated(
                         ev.job_id,
                         ev.task_id,
                         ev.attempt,
-                        ev.state,
+                        state,
                         ev.node_id,
                         ev.ts,
                         ev.exit_code,
                         ev.signal,
-                        ev.message,
+                        message,
                         ev.log_tail,
                     )
                 )

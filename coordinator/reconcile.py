@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 
 from coordinator.cluster import DOWN, READY, NodeView
 from coordinator.placement import GangRequest, NodeCandidate, TaskRequest, place
+from coordinator.pooling import PoolView, admitted_jobs, pool_view
 from coordinator.state import HOLDING, RegionState
 from mesh.schema import LogEvent, TaskPlaced, TaskUpdated
 from workloads.lifecycle import TaskState
+from workloads.resources import Resources
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,7 @@ class Decisions:
     events: list[LogEvent] = field(default_factory=list)
     kills: list[Kill] = field(default_factory=list)
     unplaced: dict[str, str] = field(default_factory=dict)
+    pools: PoolView | None = None  # this round's pool figures, when jobs were waiting
 
 
 def reconcile(state: RegionState, nodes: dict[str, NodeView], now: float) -> Decisions:
@@ -38,6 +41,7 @@ def reconcile(state: RegionState, nodes: dict[str, NodeView], now: float) -> Dec
     _requeue_or_settle(state, now, d)
     _kill_requested_jobs(state, now, d)
     _kill_stale_copies(state, nodes, d)
+    _reclaim_preempted(state, d)
     if not d.events:
         # Place only from a settled state: a task being requeued this round is placed next.
         _place_waiting(state, nodes, now, d)
@@ -135,12 +139,30 @@ def _kill_stale_copies(state: RegionState, nodes: dict[str, NodeView], d: Decisi
             )
 
 
+def _reclaim_preempted(state: RegionState, d: Decisions) -> None:
+    """Attempts chosen for preemption are stopped like killed ones (and resent alike)."""
+    for tid in sorted(state.preempting):
+        t = state.tasks[tid]
+        if t.state in HOLDING:
+            d.kills.append(Kill(t.node_id, t.job_id, tid, t.attempt, t.preempt_reason))
+
+
 def _place_waiting(
     state: RegionState, nodes: dict[str, NodeView], now: float, d: Decisions
 ) -> None:
     waiting = state.pending_jobs()
     if not waiting:
         return
+    ready = sorted((v for v in nodes.values() if v.status == READY), key=lambda v: v.node_id)
+    if not ready:
+        d.unplaced.update({job.job_id: "no ready nodes" for job in waiting})
+        return
+    capacity = Resources()
+    for v in ready:
+        capacity = capacity + v.state.capacity
+    d.pools = pool_view(state, capacity, waiting, now)
+    admitted, blocked = admitted_jobs(state, d.pools)
+    d.unplaced.update(blocked)
     candidates = [
         NodeCandidate(
             v.node_id,
@@ -149,8 +171,7 @@ def _place_waiting(
             v.state.simulated,
             v.state.labels,
         )
-        for v in sorted(nodes.values(), key=lambda v: v.node_id)
-        if v.status == READY
+        for v in ready
     ]
     gangs = [
         GangRequest(
@@ -162,6 +183,7 @@ def _place_waiting(
             ),
         )
         for job in waiting
+        if job.job_id in admitted
     ]
     result = place(candidates, gangs)
     for tid, node_id in result.placed:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from coordinator.pools import PoolConfigError, PoolTree, parse_pool_tree
 from mesh.schema import (
     JobKillRequested,
     JobSubmitted,
     LeaderElected,
     LogEntry,
+    PoolsApplied,
     TaskPlaced,
+    TaskPreemptRequested,
     TaskUpdated,
 )
 from workloads.lifecycle import ENDED, FINAL, JobState, TaskState, can_transition, job_state
@@ -47,6 +50,7 @@ class TaskRecord:
     message: str = ""
     log_tail: str = ""
     failures: int = 0  # attempts that ended FAILED (counts against max_retries)
+    preempt_reason: str = ""  # set while this attempt is being reclaimed for another pool
     placed_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
@@ -142,6 +146,9 @@ class RegionState:
         self.unsettled: set[str] = set()  # tasks in UNSETTLED states
         self.killing: set[str] = set()  # killed jobs with tasks not yet ended
         self.ignored = 0  # events that did not fit (stale/illegal)
+        self.pools = PoolTree(())  # the root alone until a tree is applied
+        self.pool_source: dict = {}
+        self.preempting: set[str] = set()  # tasks whose attempt is being reclaimed
 
     # ------------------------------------------------------------ fold
 
@@ -172,6 +179,19 @@ class RegionState:
                 job.kill_requested = True
                 job.kill_reason = ev.reason
                 self._track_killing(job)
+        elif isinstance(ev, TaskPreemptRequested):
+            task = self.tasks.get(ev.task_id)
+            if task is not None and task.attempt == ev.attempt and task.state in HOLDING:
+                task.preempt_reason = ev.reason
+                self.preempting.add(task.task_id)
+            else:
+                self.ignored += 1
+        elif isinstance(ev, PoolsApplied):
+            try:
+                self.pools = parse_pool_tree(ev.source)
+                self.pool_source = ev.source
+            except PoolConfigError:
+                self.ignored += 1
         elif isinstance(ev, LeaderElected):
             self.term = max(self.term, ev.term)
             self.leader_id = ev.leader_id
@@ -248,6 +268,9 @@ class RegionState:
                 task.failures += 1
         task.message = ev.message
         if was_holding and task.state not in HOLDING:
+            if task.preempt_reason:
+                task.preempt_reason = ""
+                self.preempting.discard(task.task_id)
             held = self.node_tasks.get(task.node_id)
             if held is not None:
                 held.discard(task.task_id)

@@ -25,6 +25,8 @@ from mesh.schema import (
     KillRequest,
     LogsRequest,
     NodeRef,
+    PoolApplyRequest,
+    PoolRef,
     SubmitRequest,
 )
 
@@ -90,6 +92,17 @@ class MeshClient:
     async def node(self, node_id: str) -> dict:
         return (await self.request("node.get", NodeRef(node_id), retries=5))["node"]
 
+    async def pool_apply(self, source: Any) -> list[str]:
+        """Replace the region's pool tree (YAML text or mapping); returns the pool paths."""
+        reply = await self.request("pool.apply", PoolApplyRequest(source), retries=20)
+        return reply["pools"]
+
+    async def pools(self) -> list[dict]:
+        return (await self.request("pool.list", retries=5))["pools"]
+
+    async def pool(self, path: str) -> dict:
+        return (await self.request("pool.get", PoolRef(path), retries=5))["pool"]
+
     async def cluster_info(self) -> dict:
         return await self.request("cluster.info", retries=5)
 
@@ -132,9 +145,7 @@ class MeshClient:
                 subjects.task_logs(self.region, node), encode(req), timeout=self.timeout
             )
         except (NoRespondersError, NatsTimeout):
-            raise ApiError(
-                ErrorCode.UNAVAILABLE, f"node {node} does not answer for logs"
-            ) from None
+            raise ApiError(ErrorCode.UNAVAILABLE, f"node {node} does not answer for logs") from None
         reply = _reply(msg.data)
         if not reply.get("ok"):
             e = reply.get("error") or {}

@@ -36,6 +36,10 @@ __all__ = [
     "TaskUpdated",
     "JobKillRequested",
     "LeaderElected",
+    "TaskPreemptRequested",
+    "PoolsApplied",
+    "PoolApplyRequest",
+    "PoolRef",
     "LogEvent",
     "LogEntry",
     "ErrorCode",
@@ -229,7 +233,37 @@ class LeaderElected:
     ts: float = 0.0
 
 
-LogEvent = JobSubmitted | TaskPlaced | TaskUpdated | JobKillRequested | LeaderElected
+@tagged
+@dataclass(frozen=True, slots=True)
+class TaskPreemptRequested:
+    """The leader decided to reclaim this attempt for another pool; the agent's KILLED
+    report for it is then logged as PREEMPTED (and the task requeued)."""
+
+    job_id: str = wf(max_len=ID)
+    task_id: str = wf(max_len=ID)
+    attempt: int = wf(ge=0)
+    reason: str = wf("", max_len=1024)
+    ts: float = 0.0
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class PoolsApplied:
+    """A new pool tree (the `pools:` document as plain data), replacing the old one."""
+
+    source: dict[str, Any] = wf(default_factory=dict)
+    ts: float = 0.0
+
+
+LogEvent = (
+    JobSubmitted
+    | TaskPlaced
+    | TaskUpdated
+    | JobKillRequested
+    | LeaderElected
+    | TaskPreemptRequested
+    | PoolsApplied
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,4 +345,16 @@ class LogsRequest:
     attempt: int | None = wf(None, ge=0)
     stream: str = wf("stdout", choices=("stdout", "stderr"))
     tail_bytes: int = wf(64 * 1024, ge=1, le=1024 * 1024)
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PoolApplyRequest:
+    source: Any = None  # YAML text or a mapping; validated by parse_pool_tree
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRef:
+    path: str = wf(max_len=512)
     v: int = 1

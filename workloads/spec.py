@@ -86,7 +86,16 @@ _POOL_SEGMENT_RE = re.compile(r"[a-z0-9_-]{1,32}")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LABEL_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./-]*")
 
-_JOB_FIELDS = ("name", "pool", "priority", "max_run_time", "restart", "labels", "tasks")
+_JOB_FIELDS = (
+    "name",
+    "pool",
+    "priority",
+    "preemptible",
+    "max_run_time",
+    "restart",
+    "labels",
+    "tasks",
+)
 _GROUP_FIELDS = ("role", "count", "command", "env", "workdir", "resources", "simulate")
 _RESTART_FIELDS = ("max_retries", "reschedule_on_lost")
 _SIMULATE_FIELDS = ("duration", "exit_code")
@@ -140,6 +149,7 @@ class JobSpec:
     tasks: tuple[TaskGroup, ...]
     pool: str = "/"
     priority: int = 0  # 0..MAX_PRIORITY, higher first
+    preemptible: bool = True  # False: runs only within its pool's reservation, never preempted
     max_run_time_s: float | None = None
     restart: RestartPolicy = RestartPolicy()
     labels: tuple[tuple[str, str], ...] = ()  # sorted by key
@@ -164,6 +174,7 @@ class JobSpec:
             "name": self.name,
             "pool": self.pool,
             "priority": self.priority,
+            "preemptible": self.preemptible,
             "restart": {
                 "max_retries": self.restart.max_retries,
                 "reschedule_on_lost": self.restart.reschedule_on_lost,
@@ -356,6 +367,9 @@ def _job(data: object) -> JobSpec:
         max_run_time = parse_duration(f["max_run_time"], "max_run_time")
         if max_run_time <= 0:
             raise SpecError("max_run_time", "must be more than 0")
+    preemptible = f.get("preemptible", True)
+    if not isinstance(preemptible, bool):
+        raise SpecError("preemptible", f"expected true or false, got {_kind(preemptible)}")
     restart = _restart(f.get("restart", {}))
     labels = _labels(f.get("labels", {}))
     tasks = _tasks(f.get("tasks"))
@@ -364,6 +378,7 @@ def _job(data: object) -> JobSpec:
         tasks=tasks,
         pool=pool,
         priority=priority,
+        preemptible=preemptible,
         max_run_time_s=max_run_time,
         restart=restart,
         labels=labels,

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from coordinator.pools import parse_pool_tree
 from mesh import logs
 from mesh.cli import render
 from mesh.cli.context import Context, load_context, mesh_home, save_context
@@ -96,6 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--task")
     lg.add_argument("--stderr", action="store_true")
     lg.add_argument("--tail", type=int, default=64 * 1024, help="bytes from the end")
+
+    pool = sub.add_parser("pool", help="resource pools").add_subparsers(
+        dest="pool_cmd", required=True
+    )
+    pa = pool.add_parser("apply", help="replace the pool tree with a YAML file's")
+    pa.add_argument("file", help="pools file, or - for stdin")
+    pool.add_parser(
+        "list", help="pools with reservation, limit, share, demand, allocation, entitlement"
+    )
+    pg = pool.add_parser("get", help="one pool")
+    pg.add_argument("path")
 
     node = sub.add_parser("node", help="nodes").add_subparsers(dest="node_cmd", required=True)
     node.add_parser("list", help="nodes with capacity and load")
@@ -285,6 +297,8 @@ def _out(args: argparse.Namespace, data: Any, human: str) -> None:
 async def _dispatch(args: argparse.Namespace, client: MeshClient) -> int:
     if args.cmd == "job":
         return await _job(args, client)
+    if args.cmd == "pool":
+        return await _pool(args, client)
     if args.cmd == "node":
         if args.node_cmd == "list":
             nodes = await client.nodes()
@@ -296,6 +310,35 @@ async def _dispatch(args: argparse.Namespace, client: MeshClient) -> int:
     info = await client.cluster_info()
     human = "\n".join(f"{k:10} {v}" for k, v in info.items() if k != "ok")
     _out(args, info, human)
+    return EXIT_OK
+
+
+async def _pool(args: argparse.Namespace, client: MeshClient) -> int:
+    if args.pool_cmd == "apply":
+        try:
+            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        except OSError as exc:
+            print(f"cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            parse_pool_tree(text)
+        except SpecError as exc:
+            print(f"{args.file}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        paths = await client.pool_apply(text)
+        _out(args, {"pools": paths}, f"applied {len(paths)} pools: {', '.join(paths)}")
+        return EXIT_OK
+    if args.pool_cmd == "list":
+        pools = await client.pools()
+        _out(args, pools, render.pools_table(pools))
+        return EXIT_OK
+    pool = await client.pool(args.path)
+    human = (
+        render.pools_table([pool])
+        + "\njobs: "
+        + (", ".join(f"{k.lower()} {v}" for k, v in sorted(pool["jobs"].items())) or "none")
+    )
+    _out(args, pool, human)
     return EXIT_OK
 
 

@@ -118,3 +118,40 @@ def job_detail(job: dict) -> str:
             tail = t["log_tail"].rstrip().splitlines()[-5:]
             lines += ["", f"{t['task_id']} log tail:"] + [f"  | {ln}" for ln in tail]
     return "\n".join(lines)
+
+
+def pools_table(pools: list[dict]) -> str:
+    rows = []
+    for p in pools:
+        for kind, k in p["kinds"].items():
+            used = any(
+                k[f] not in ("0", "-") for f in ("reservation", "limit", "demand", "allocation")
+            )
+            if kind in ("cpu", "memory") or used:
+                rows.append(
+                    [
+                        p["path"],
+                        kind,
+                        k["reservation"],
+                        k["limit"],
+                        k["share"],
+                        k["type"],
+                        k["demand"],
+                        k["allocation"],
+                        k["entitlement"],
+                    ]
+                )
+    return table(
+        rows,
+        [
+            "POOL",
+            "KIND",
+            "RESERVATION",
+            "LIMIT",
+            "SHARE",
+            "TYPE",
+            "DEMAND",
+            "ALLOCATION",
+            "ENTITLEMENT",
+        ],
+    )

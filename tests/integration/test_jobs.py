@@ -7,6 +7,7 @@ import time
 import psutil
 import pytest
 
+from agent.hollow import GiB, Inventory
 from mesh.codec import encode
 from mesh.schema import ApiError, ErrorCode, SubmitRequest
 
@@ -178,17 +179,26 @@ async def test_simulated_tasks_only_on_hollow_nodes_and_real_only_on_real(region
 async def test_unplaceable_job_waits_and_says_why(region):
     await region.coordinator()
     await region.agent()
-    await region.ready(1)
-    job_id = await region.client.submit(spec("huge", "true", resources={"cpu": 512}))
+    await region.fleet(2, inventories=[Inventory(16, 64 * GiB), Inventory(16, 64 * GiB)])
+    await region.ready(3)
+    huge = await region.client.submit(spec("huge", "true", resources={"cpu": 512}))
+    wide = await region.client.submit({"name": "wide", "tasks": [
+        {"role": "w", "simulate": {"duration": "1s"}, "resources": {"cpu": 20}}]})
 
-    async def reason():
+    async def reason(job_id):
         job = await region.client.job(job_id)
         return job["pending_reason"]
 
-    why = await eventually(reason)
-    assert "fits no node" in why and "1 node: insufficient cpu" in why
-    job = await region.client.job(job_id)
-    assert job["state"] == "PENDING"
+    # More than the whole region: admission holds it back.
+    why = await eventually(lambda: reason(huge))
+    cores = sum(n["capacity"]["cpu"] for n in await region.client.nodes()) // 1000
+    assert why.startswith(f"pool /: cpu allocation 0 + job 512 > entitlement {cores}"), why
+    # Fits the region's total but no single node.
+    why = await eventually(lambda: reason(wide))
+    assert "fits no node" in why and "2 nodes: insufficient cpu" in why, why
+    assert "1 node: real node (task is simulated)" in why
+    for job_id in (huge, wide):
+        assert (await region.client.job(job_id))["state"] == "PENDING"
 
 
 async def test_tasks_of_a_lost_node_are_rescheduled(region):

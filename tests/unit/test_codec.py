@@ -29,9 +29,13 @@ from mesh.schema import (
     LogsRequest,
     NodeRef,
     NodeState,
+    PoolApplyRequest,
+    PoolRef,
+    PoolsApplied,
     SubmitRequest,
     TaskEvent,
     TaskPlaced,
+    TaskPreemptRequested,
     TaskSpec,
     TaskUpdated,
     decode,
@@ -198,7 +202,26 @@ task_updated = st.builds(
 )
 job_kill_requested = st.builds(JobKillRequested, job_id=text(128), ts=floats(), reason=text(100))
 leader_elected = st.builds(LeaderElected, term=ints(), leader_id=text(128), ts=floats())
-log_event = st.one_of(job_submitted, task_placed, task_updated, job_kill_requested, leader_elected)
+task_preempt_requested = st.builds(
+    TaskPreemptRequested,
+    job_id=text(128),
+    task_id=text(128),
+    attempt=ints(),
+    reason=text(100),
+    ts=floats(),
+)
+pools_applied = st.builds(
+    PoolsApplied, source=st.dictionaries(text(20), free_form, max_size=4), ts=floats()
+)
+log_event = st.one_of(
+    job_submitted,
+    task_placed,
+    task_updated,
+    job_kill_requested,
+    leader_elected,
+    task_preempt_requested,
+    pools_applied,
+)
 log_entry = st.builds(
     LogEntry,
     term=ints(),
@@ -233,6 +256,10 @@ STRATEGIES = {
     TaskUpdated: task_updated,
     JobKillRequested: job_kill_requested,
     LeaderElected: leader_elected,
+    TaskPreemptRequested: task_preempt_requested,
+    PoolsApplied: pools_applied,
+    PoolApplyRequest: st.builds(PoolApplyRequest, source=free_form),
+    PoolRef: st.builds(PoolRef, path=text(512)),
     LogEntry: log_entry,
     SubmitRequest: submit_request,
     JobRef: job_ref,
@@ -754,7 +781,15 @@ FIELD_NAMES = sorted(
     {f.name for cls in CLASSES for f in dataclasses.fields(cls)}
     | {"_t", "cpu", "memory", "gpu", "duration_s", "exit_code"}
 )
-TAGS = ["JobSubmitted", "TaskPlaced", "TaskUpdated", "JobKillRequested", "LeaderElected"]
+TAGS = [
+    "JobSubmitted",
+    "TaskPlaced",
+    "TaskUpdated",
+    "JobKillRequested",
+    "LeaderElected",
+    "TaskPreemptRequested",
+    "PoolsApplied",
+]
 STRING_VALUES = TAGS + [s.value for s in TaskState] + ["run", "kill", "mig", "none", "stdout"]
 
 scalars = st.one_of(

@@ -472,7 +472,13 @@ def test_a_gang_waits_whole_and_says_why():
     log.submit("j", count=3, cpu="4")
     d = log.decide(cluster(view("a", cpu=8000)))
     assert placements(d) == []
-    assert "insufficient cpu" in d.unplaced["j"]
+    # 12 cores asked of an 8-core region: admission holds it back, and says so
+    assert d.unplaced["j"] == "pool /: cpu allocation 0 + job 12 > entitlement 8"
+    fragmented = Log()
+    fragmented.submit("j", count=3, cpu="4")
+    d = fragmented.decide(cluster(view("a", cpu=6000), view("b", cpu=6000)))
+    assert placements(d) == []  # 12 of 12 cores in all, but only 2 tasks fit: none start
+    assert "fits no node" in d.unplaced["j"] and "2 nodes: insufficient cpu" in d.unplaced["j"]
     log2 = Log()
     log2.submit("j", count=3, cpu="4")
     d = log2.decide(cluster(view("a", cpu=8000), view("b", cpu=4000)))

@@ -1,0 +1,168 @@
+"""The region's state seen through its pools: what each pool holds and wants, which
+waiting jobs may start, which running ones to reclaim. Pure: the fold's state and the
+ready capacity in, decisions out; the pools core (`coordinator/pools/`) does the math.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coordinator.pools import (
+    POOL_KINDS,
+    PendingJob,
+    RunningJob,
+    admit,
+    choose_victims,
+    compute_entitlement,
+    demand_by_pool,
+    format_amount,
+)
+from coordinator.state import HOLDING, JobRecord, RegionState
+from mesh.schema import TaskPreemptRequested
+from workloads.lifecycle import TaskState
+from workloads.resources import Resources
+
+ADMISSION_LOOKAHEAD = 16
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """Every input and output of one entitlement round, per leaf pool."""
+
+    capacity: Resources
+    pending: list[PendingJob]
+    running: list[RunningJob]  # holding jobs, minus those being reclaimed
+    allocation: dict[str, Resources]  # everything held, reclaimed or not
+    non_preemptible: dict[str, Resources]
+    demand: dict[str, Resources]
+    entitlement: dict[str, Resources]
+
+
+def _pending_resources(job: JobRecord) -> Resources:
+    total = Resources()
+    for t in job.tasks.values():
+        if t.state == TaskState.PENDING:
+            total = total + t.resources
+    return total
+
+
+def pool_view(
+    state: RegionState, capacity: Resources, waiting: list[JobRecord], now: float
+) -> PoolView:
+    leaves = set(state.pools.leaves())
+    pending = [
+        PendingJob(
+            j.job_id, j.spec.pool, _pending_resources(j), j.spec.priority, j.spec.preemptible
+        )
+        for j in waiting
+    ]
+    held: dict[str, list[Resources | int | float | bool]] = {}
+    allocation: dict[str, Resources] = {}
+    non_preemptible: dict[str, Resources] = {}
+    reclaimed: set[str] = {state.tasks[t].job_id for t in state.preempting}
+    for node_tasks in state.node_tasks.values():
+        for tid in node_tasks:
+            t = state.tasks[tid]
+            job = state.jobs[t.job_id]
+            pool = job.spec.pool
+            allocation[pool] = allocation.get(pool, Resources()) + t.resources
+            if not job.spec.preemptible:
+                non_preemptible[pool] = non_preemptible.get(pool, Resources()) + t.resources
+            if job.job_id in reclaimed or pool not in leaves:
+                continue
+            entry = held.setdefault(job.job_id, [Resources(), 0, now])
+            entry[0] = entry[0] + t.resources
+            entry[1] += 1
+            if t.started_at is not None:
+                entry[2] = min(entry[2], t.started_at)
+    running = [
+        RunningJob(
+            jid,
+            state.jobs[jid].spec.pool,
+            res,
+            n,
+            priority=state.jobs[jid].spec.priority,
+            preemptible=state.jobs[jid].spec.preemptible,
+            running_for=max(0.0, now - started),
+        )
+        for jid, (res, n, started) in sorted(held.items())
+    ]
+    demand = {p: r for p, r in demand_by_pool(j for j in pending if j.pool in leaves).items()}
+    alloc_leaves = {p: r for p, r in allocation.items() if p in leaves}
+    entitlement = compute_entitlement(state.pools, capacity, demand, alloc_leaves)
+    return PoolView(capacity, pending, running, allocation, non_preemptible, demand, entitlement)
+
+
+def admitted_jobs(state: RegionState, view: PoolView) -> tuple[set[str], dict[str, str]]:
+    """Which waiting jobs may be placed now, and why the others wait."""
+    leaves = set(state.pools.leaves())
+    decision = admit(
+        state.pools,
+        view.pending,
+        view.entitlement,
+        {p: r for p, r in view.allocation.items() if p in leaves},
+        {p: r for p, r in view.non_preemptible.items() if p in leaves},
+        lookahead=ADMISSION_LOOKAHEAD,
+    )
+    return set(decision.admitted), dict(decision.blocked)
+
+
+def preemptions(
+    state: RegionState, view: PoolView, over_counts: dict[str, int], cycles: int, now: float
+) -> tuple[list[TaskPreemptRequested], dict[str, int]]:
+    """Reclaim capacity for pools below their entitlement from pools above theirs, whole
+    gangs at a time, after `cycles` consecutive rounds over entitlement."""
+    choice = choose_victims(
+        state.pools,
+        view.capacity,
+        view.entitlement,
+        view.running,
+        view.demand,
+        over_counts,
+        cycles=cycles,
+    )
+    events = []
+    for victim in choice.victims:
+        for t in state.jobs[victim.job_id].tasks.values():
+            if t.state in HOLDING:
+                events.append(
+                    TaskPreemptRequested(
+                        t.job_id, t.task_id, t.attempt, f"preempted: {victim.reason}", now
+                    )
+                )
+    return events, dict(choice.over_counts)
+
+
+def pool_rows(state: RegionState, view: PoolView) -> list[dict]:
+    """What `mesh pool list` shows: per pool and kind, settings and the round's figures."""
+    tree = state.pools
+    sums: dict[str, dict[str, Resources]] = {"demand": {}, "allocation": {}}
+    for name, per_leaf in (("demand", view.demand), ("allocation", view.allocation)):
+        for leaf, amount in per_leaf.items():
+            if leaf not in tree:
+                continue
+            for p in (leaf, *tree.ancestors(leaf)):
+                sums[name][p] = sums[name].get(p, Resources()) + amount
+    rows = []
+    for path in tree.order:
+        spec = tree[path]
+        kinds = {}
+        for kind in POOL_KINDS:
+            r = spec.resource(kind)
+            i = tree.index[path]
+            limit = tree.limit[kind][i]
+            kinds[kind] = {
+                "reservation": format_amount(kind, r.reservation),
+                "limit": "-" if limit is None else format_amount(kind, limit),
+                "share": r.share,
+                "type": str(r.type),
+                "demand": format_amount(kind, getattr(sums["demand"].get(path, Resources()), kind)),
+                "allocation": format_amount(
+                    kind, getattr(sums["allocation"].get(path, Resources()), kind)
+                ),
+                "entitlement": format_amount(
+                    kind, getattr(view.entitlement.get(path, Resources()), kind)
+                ),
+            }
+        rows.append({"path": path, "leaf": tree.is_leaf(path), "kinds": kinds})
+    return rows
