@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -118,7 +119,7 @@ def test_generated_rate_and_burstiness(cv: float) -> None:
     assert abs(len(ev) / 20 - 2000) / 2000 < (0.05 if cv <= 1 else 0.35)
     assert abs(burstiness(ev) - cv) / cv < 0.25
     assert ev == generate_events(spec, seed=7)
-    assert all(a[0] <= b[0] for a, b in zip(ev, ev[1:], strict=False))
+    assert all(a[0] <= b[0] for a, b in itertools.pairwise(ev))
 
 
 def test_models_split_by_popularity() -> None:
