@@ -75,18 +75,21 @@ def pool_view(
             entry[1] += 1
             if t.started_at is not None:
                 entry[2] = min(entry[2], t.started_at)
-    running = [
-        RunningJob(
-            jid,
-            state.jobs[jid].spec.pool,
-            res,
-            n,
-            priority=state.jobs[jid].spec.priority,
-            preemptible=state.jobs[jid].spec.preemptible,
-            running_for=max(0.0, now - started),
+    running = []
+    for jid, (res, n, started) in sorted(held.items()):
+        spec = state.jobs[jid].spec
+        running.append(
+            RunningJob(
+                jid,
+                spec.pool,
+                res,
+                n,
+                min_tasks=None if spec.min_tasks is None else min(spec.min_tasks, n),
+                priority=spec.priority,
+                preemptible=spec.preemptible,
+                running_for=max(0.0, now - started),
+            )
         )
-        for jid, (res, n, started) in sorted(held.items())
-    ]
     demand = {p: r for p, r in demand_by_pool(j for j in pending if j.pool in leaves).items()}
     alloc_leaves = {p: r for p, r in allocation.items() if p in leaves}
     entitlement = compute_entitlement(state.pools, capacity, demand, alloc_leaves)
@@ -123,13 +126,15 @@ def preemptions(
     )
     events = []
     for victim in choice.victims:
-        for t in state.jobs[victim.job_id].tasks.values():
-            if t.state in HOLDING:
-                events.append(
-                    TaskPreemptRequested(
-                        t.job_id, t.task_id, t.attempt, f"preempted: {victim.reason}", now
-                    )
+        holding = [t for t in state.jobs[victim.job_id].tasks.values() if t.state in HOLDING]
+        if victim.action == "shrink":  # an elastic job gives back its last tasks
+            holding = sorted(holding, key=lambda t: (t.role, t.index))[-victim.tasks :]
+        for t in holding:
+            events.append(
+                TaskPreemptRequested(
+                    t.job_id, t.task_id, t.attempt, f"preempted: {victim.reason}", now
                 )
+            )
     return events, dict(choice.over_counts)
 
 

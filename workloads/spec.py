@@ -91,6 +91,7 @@ _JOB_FIELDS = (
     "pool",
     "priority",
     "preemptible",
+    "min_tasks",
     "max_run_time",
     "restart",
     "labels",
@@ -150,6 +151,7 @@ class JobSpec:
     pool: str = "/"
     priority: int = 0  # 0..MAX_PRIORITY, higher first
     preemptible: bool = True  # False: runs only within its pool's reservation, never preempted
+    min_tasks: int | None = None  # elastic: preemption may shrink it to this many tasks first
     max_run_time_s: float | None = None
     restart: RestartPolicy = RestartPolicy()
     labels: tuple[tuple[str, str], ...] = ()  # sorted by key
@@ -175,6 +177,7 @@ class JobSpec:
             "pool": self.pool,
             "priority": self.priority,
             "preemptible": self.preemptible,
+            "min_tasks": self.min_tasks,
             "restart": {
                 "max_retries": self.restart.max_retries,
                 "reschedule_on_lost": self.restart.reschedule_on_lost,
@@ -370,15 +373,26 @@ def _job(data: object) -> JobSpec:
     preemptible = f.get("preemptible", True)
     if not isinstance(preemptible, bool):
         raise SpecError("preemptible", f"expected true or false, got {_kind(preemptible)}")
+    min_tasks = f.get("min_tasks")
     restart = _restart(f.get("restart", {}))
     labels = _labels(f.get("labels", {}))
     tasks = _tasks(f.get("tasks"))
+    if min_tasks is not None:
+        total = sum(g.count for g in tasks)
+        min_tasks = _int(min_tasks, "min_tasks", 1, total, "the job's task count")
+        if len({g.resources for g in tasks}) != 1:
+            raise SpecError(
+                "min_tasks",
+                "an elastic job's task groups must ask for the same resources, so that any "
+                "of its tasks can be given back",
+            )
     return JobSpec(
         name=name,
         tasks=tasks,
         pool=pool,
         priority=priority,
         preemptible=preemptible,
+        min_tasks=min_tasks,
         max_run_time_s=max_run_time,
         restart=restart,
         labels=labels,

@@ -99,3 +99,31 @@ async def test_pool_validation_and_submit_to_unknown_pool(region):
     assert pool["jobs"] == {"PENDING": 1}
     await client.kill(job)
     await asyncio.sleep(0)
+
+
+async def test_elastic_job_shrinks_to_its_minimum_before_anything_is_killed(region):
+    await region.coordinator(preempt_every_s=0.25, preempt_cycles=2)
+    await region.fleet(10, inventories=[Inventory(10, 64 * GiB)] * 10)  # 100 cores
+    await region.ready(10)
+    client = region.client
+    await client.pool_apply("pools:\n  /a: {cpu: {reservation: 50}}\n"
+                            "  /b: {cpu: {reservation: 50}}\n")
+    elastic = await client.submit({"name": "elastic", "pool": "/b", "min_tasks": 4, "tasks": [
+        {"role": "w", "count": 10, "simulate": {"duration": "4s"}, "resources": {"cpu": 10}}]})
+
+    async def running(job_id, n):
+        job = await client.job(job_id)
+        return job if job["task_states"].get("RUNNING", 0) == n else None
+
+    await eventually(lambda: running(elastic, 10))
+    gang = await client.submit({"name": "gang", "pool": "/a", "tasks": [
+        {"role": "w", "count": 5, "simulate": {"duration": "1s"}, "resources": {"cpu": 10}}]})
+    await eventually(lambda: running(gang, 5), timeout=15)
+    job = await client.job(elastic)
+    assert job["state"] == "RUNNING" and job["task_states"].get("RUNNING") == 5, job
+    shrunk = [t for t in job["task_list"] if any(h["state"] == "PREEMPTED" for h in t["history"])]
+    assert len(shrunk) == 5
+    assert all("shrink" in h["message"] for t in shrunk for h in t["history"]
+               if h["state"] == "PREEMPTED")
+    assert (await client.wait(gang, timeout=30))["state"] == "SUCCEEDED"
+    assert (await client.wait(elastic, timeout=60))["state"] == "SUCCEEDED"

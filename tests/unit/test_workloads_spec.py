@@ -251,7 +251,7 @@ BAD = [
     ({"name": "j"}, "tasks", "a job needs at least one task group"),
     (_job(tasks={"role": "a"}), "tasks", "expected a list"),
     (_job(tasks=["x"]), "tasks[0]", "expected a mapping, got a string"),
-    (_job(bogus=1), "bogus", "unknown field (known: labels, max_run_time, name, pool"),
+    (_job(bogus=1), "bogus", "unknown field (known: labels, max_run_time, min_tasks, name, pool"),
     (
         _group(bogus=1),
         "tasks[0].bogus",
@@ -544,3 +544,20 @@ def test_workloads_imports_only_stdlib_and_yaml():
                 continue
             for name in names:
                 assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
+
+
+def test_preemptible_and_min_tasks():
+    base = {"name": "e", "tasks": [{"role": "w", "count": 4, "command": "true"}]}
+    spec = parse_job_spec({**base, "preemptible": False, "min_tasks": 2})
+    assert spec.preemptible is False and spec.min_tasks == 2
+    assert parse_job_spec(spec.to_dict()) == spec
+    assert parse_job_spec(base).preemptible is True and parse_job_spec(base).min_tasks is None
+    with pytest.raises(SpecError, match="preemptible: expected true or false"):
+        parse_job_spec({**base, "preemptible": "no"})
+    with pytest.raises(SpecError, match="min_tasks: must be between 1 and 4"):
+        parse_job_spec({**base, "min_tasks": 5})
+    mixed = {**base, "min_tasks": 1, "tasks": [
+        {"role": "a", "command": "true", "resources": {"cpu": 1}},
+        {"role": "b", "command": "true", "resources": {"cpu": 2}}]}
+    with pytest.raises(SpecError, match="min_tasks: an elastic job's task groups"):
+        parse_job_spec(mixed)
