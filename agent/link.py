@@ -6,6 +6,14 @@
   it by task id and attempt).
 - `publish_event`: task transitions go to the events stream with a message id made
   of (node, task, attempt, state), so a resend after a crash is de-duplicated.
+
+For a process that speaks for many nodes (the hollow fleet):
+
+- `FleetFeed`: one durable consumer for all of its nodes' assignment subjects, each
+  message handed to the node its subject names.
+- `EventPublisher`: the same events with the same message ids, published
+  concurrently (acks awaited as futures), in order per task attempt, retried until
+  acknowledged.
 """
 
 from __future__ import annotations
@@ -13,15 +21,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 
+import msgpack
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
+from nats.js.errors import APIError, NotFoundError
 
 from mesh import subjects
 from mesh.codec import WireError, decode, encode
 from mesh.schema import Assignment, TaskEvent
+from workloads.lifecycle import TaskState
 
 log = logging.getLogger("mesh.agent.link")
 
@@ -100,3 +112,352 @@ async def publish_event(js: JetStreamContext, region: str, ev: TaskEvent) -> Non
         stream=subjects.events_stream(region),
         headers={"Nats-Msg-Id": f"{ev.node_id}:{ev.task_id}:{ev.attempt}:{ev.state}"},
     )
+
+
+# ---------------------------------------------------------------- many nodes, one connection
+#
+# A hollow fleet carries thousands of nodes in one process. One pull consumer and one
+# fetch loop per node (what `AssignmentFeed` is, right for one real agent) would be
+# thousands of long polls; `FleetFeed` is one durable consumer for all of them, and
+# `EventPublisher` sends everyone's task events without waiting for each ack in turn.
+# Why `filter_subjects` and what it costs: see agent/hollow.py.
+
+FleetHandler = Callable[[str, Assignment], None]
+
+WQ_CONSUMER_OVERLAP = 10100  # "filtered consumer not unique on workqueue stream"
+
+
+class FleetFeed:
+    """One durable pull consumer over the assignment subjects of many nodes.
+
+    The consumer lists each node's own subject `mesh.<r>.assign.<node>` in
+    `filter_subjects` (nats-server >= 2.10), so it never overlaps another node's
+    consumer on the work-queue stream. Each message goes to `handler(node_id, a)`,
+    chosen by its subject, and is acknowledged when the handler returns; a handler that
+    raises gets it redelivered. The handler is synchronous: it must only record the
+    assignment and schedule work, never wait.
+    """
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        region: str,
+        name: str,
+        node_ids: list[str],
+        handler: FleetHandler,
+        *,
+        batch: int = 512,
+        ack_wait: float = 30.0,
+        max_ack_pending: int = 20_000,
+        api_timeout: float = 120.0,
+    ) -> None:
+        self.js = js
+        self.region = subjects.token(region, "region")
+        self.durable = f"fleet_{subjects.token(name, 'fleet name')}"
+        self.stream = subjects.assign_stream(self.region)
+        self._prefix = subjects.assign(self.region, "x")[:-1]  # "mesh.<r>.assign."
+        self.node_ids = frozenset(node_ids)
+        self.filters = sorted(subjects.assign(self.region, n) for n in self.node_ids)
+        self.handler = handler
+        self.batch = batch
+        self.ack_wait = ack_wait
+        self.max_ack_pending = max_ack_pending
+        self.api_timeout = api_timeout
+        self.rejected = 0
+        self.delivered = 0
+        self.migrated = 0  # legacy per-node consumers removed at start
+        self._task: asyncio.Task[None] | None = None
+        self._psub = None
+
+    def config(self) -> ConsumerConfig:
+        return ConsumerConfig(
+            name=self.durable,
+            durable_name=self.durable,
+            filter_subjects=self.filters,
+            ack_wait=self.ack_wait,
+            max_ack_pending=self.max_ack_pending,
+            description=f"hollow fleet of {len(self.filters)} nodes",
+        )
+
+    async def start(self) -> None:
+        await self._ensure_consumer()
+        self._psub = await self.js.pull_subscribe_bind(
+            durable=self.durable, stream=self.stream, pending_msgs_limit=100 * self.batch
+        )
+        self._task = asyncio.create_task(self._run(), name=f"assignments:{self.durable}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._psub is not None:
+            with contextlib.suppress(Exception):
+                await self._psub.unsubscribe()
+            self._psub = None
+
+    async def _ensure_consumer(self) -> None:
+        """Create the consumer, or update it when the fleet's node set changed. Creating
+        one with thousands of filters costs the server seconds (it checks them pairwise
+        for overlap), so an unchanged one is bound as it is."""
+        jsm = self.js
+        with contextlib.suppress(NotFoundError):
+            info = await jsm.consumer_info(self.stream, self.durable, timeout=self.api_timeout)
+            c = info.config
+            have = set(c.filter_subjects or ([c.filter_subject] if c.filter_subject else []))
+            if have == set(self.filters) and c.ack_wait == self.ack_wait:
+                return
+        try:
+            await jsm.add_consumer(self.stream, self.config(), timeout=self.api_timeout)
+        except APIError as exc:
+            if exc.err_code != WQ_CONSUMER_OVERLAP:
+                raise
+            # Per-node consumers left by an older hollow fleet (or by a run under the
+            # same node ids) own some of these subjects: the work-queue stream allows only
+            # one consumer per subject. They are ours: remove them (their unacknowledged
+            # messages stay in the stream, and come to this consumer) and try again.
+            await self._remove_legacy_consumers(jsm)
+            await jsm.add_consumer(self.stream, self.config(), timeout=self.api_timeout)
+
+    async def _remove_legacy_consumers(self, jsm) -> None:
+        mine = {subjects.agent_consumer(n) for n in self.node_ids}
+        names: list[str] = []
+        offset = 0
+        while True:
+            page = await jsm.consumers_info(self.stream, offset=offset)
+            names += [ci.name for ci in page if ci.name in mine]
+            offset += len(page)
+            if len(page) < 256:
+                break
+        for name in names:
+            with contextlib.suppress(NotFoundError):
+                await jsm.delete_consumer(self.stream, name)
+                self.migrated += 1
+        log.warning(
+            "%s: removed %d per-node assignment consumers of its nodes", self.durable, len(names)
+        )
+
+    async def _run(self) -> None:
+        failing_since: float | None = None
+        while True:
+            try:
+                msgs = await self._psub.fetch(1, timeout=5.0)
+            except (TimeoutError, NatsTimeout):
+                failing_since = None
+                continue
+            except Exception as exc:
+                log.debug("fleet assignment fetch: %s", exc)
+                now = asyncio.get_running_loop().time()
+                if failing_since is None:
+                    failing_since = now
+                elif now - failing_since > 1.0:
+                    # Still failing: the consumer may be gone (deleted by hand, stream
+                    # recreated). Put it back; its backlog is still in the stream.
+                    failing_since = now
+                    try:
+                        await self._ensure_consumer()
+                    except Exception as exc2:
+                        log.debug("fleet consumer not restored: %s", exc2)
+                await asyncio.sleep(0.25)
+                continue
+            failing_since = None
+            with contextlib.suppress(NatsTimeout, asyncio.TimeoutError):
+                msgs += await self._psub.fetch(self.batch - 1, timeout=0.005)
+            for msg in msgs:
+                await self._handle(msg)
+
+    async def _handle(self, msg) -> None:
+        self.delivered += 1
+        node_id = msg.subject[len(self._prefix) :] if msg.subject.startswith(self._prefix) else ""
+        try:
+            a = decode(Assignment, msg.data)
+        except WireError as exc:
+            self.rejected += 1
+            log.warning("undecodable assignment on %s dropped: %s", msg.subject, exc)
+            await msg.term()
+            return
+        if a.node_id != node_id or node_id not in self.node_ids:
+            self.rejected += 1
+            log.warning("assignment for %s delivered on %s: refused", a.node_id, msg.subject)
+            await msg.term()
+            return
+        try:
+            self.handler(node_id, a)
+        except Exception:
+            log.exception("assignment %s/%d failed; will be redelivered", a.task_id, a.attempt)
+            await msg.nak(delay=1.0)
+            return
+        await msg.ack()
+
+
+def _event_map(ev: TaskEvent) -> dict:
+    return {
+        "node_id": ev.node_id,
+        "job_id": ev.job_id,
+        "task_id": ev.task_id,
+        "attempt": ev.attempt,
+        "state": str(ev.state),
+        "ts": ev.ts,
+        "exit_code": ev.exit_code,
+        "signal": ev.signal,
+        "message": ev.message,
+        "log_tail": ev.log_tail,
+        "v": ev.v,
+    }
+
+
+def _fast_event_encoder() -> Callable[[TaskEvent], bytes]:
+    """`encode` for a TaskEvent without the generic walk over its fields (a third of the
+    cost of sending one), used only if it gives the very same bytes on a sample."""
+    sample = TaskEvent("n", "j", "t", 2, TaskState.FAILED, 1.5, -3, 9, "msg", "tail")
+
+    def fast(ev: TaskEvent) -> bytes:
+        return msgpack.packb(_event_map(ev), use_bin_type=True)
+
+    if fast(sample) == encode(sample):
+        return fast
+    log.warning("TaskEvent's wire form changed: events are encoded the generic way")
+    return encode
+
+
+class EventPublisher:
+    """Task events of many nodes, published concurrently over one connection.
+
+    `send` never waits: it queues the event. A single loop publishes with
+    `publish_async` (the ack is a future, not a round trip to wait out), so thousands
+    of events are in flight together. Order is kept per task attempt: an attempt's
+    next event is sent only after the previous one was acknowledged, so RUNNING is
+    stored before SUCCEEDED. A failed or unanswered publish is sent again (same
+    `Nats-Msg-Id`, so a resend whose first copy did land is dropped by the server)
+    until it is acknowledged or the publisher stops.
+    """
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        region: str,
+        *,
+        ack_timeout: float = 5.0,
+        retry_s: float = 0.5,
+    ) -> None:
+        self.js = js
+        self.region = subjects.token(region, "region")
+        self.stream = subjects.events_stream(self.region)
+        self.ack_timeout = ack_timeout
+        self.retry_s = retry_s
+        self.sent = 0
+        self.acked = 0
+        self.retries = 0
+        self._chains: dict[tuple[str, str, int], deque[TaskEvent]] = {}
+        self._ready: deque[tuple[str, str, int]] = deque()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._encode = _fast_event_encoder()
+
+    @property
+    def pending(self) -> int:
+        """Events queued or in flight, not yet acknowledged."""
+        return sum(len(c) for c in self._chains.values())
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="events-publisher")
+
+    def send(self, ev: TaskEvent) -> None:
+        key = (ev.node_id, ev.task_id, ev.attempt)
+        chain = self._chains.get(key)
+        if chain is not None:
+            chain.append(ev)  # goes once the one before it is acknowledged
+            return
+        self._chains[key] = deque((ev,))
+        self._idle.clear()
+        self._ready.append(key)
+        self._wake.set()
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything sent so far is acknowledged; False on timeout."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self, flush_timeout: float = 2.0) -> None:
+        if self._task is not None and flush_timeout > 0:
+            await self.flush(flush_timeout)
+        for h in self._timers:
+            h.cancel()
+        self._timers.clear()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._ready.clear()
+        self._chains.clear()
+        self._idle.set()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._ready:
+                key = self._ready.popleft()
+                chain = self._chains.get(key)
+                if not chain:
+                    continue
+                ev = chain[0]
+                try:
+                    fut = await self.js.publish_async(
+                        subjects.events(self.region, ev.node_id),
+                        self._encode(ev),
+                        stream=self.stream,
+                        headers={
+                            "Nats-Msg-Id": f"{ev.node_id}:{ev.task_id}:{ev.attempt}:{ev.state}"
+                        },
+                    )
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.debug("event %s not sent: %s", key, exc)
+                    self._retry_later(loop, key)
+                    continue
+                self.sent += 1
+                timer = loop.call_later(self.ack_timeout, fut.cancel)
+                fut.add_done_callback(lambda f, k=key, t=timer: self._done(loop, k, f, t))
+
+    def _done(self, loop, key, fut: asyncio.Future, timer: asyncio.TimerHandle) -> None:
+        timer.cancel()
+        chain = self._chains.get(key)
+        if chain is None:  # stopped meanwhile
+            return
+        if fut.cancelled() or fut.exception() is not None:
+            why = "no ack in time" if fut.cancelled() else fut.exception()
+            log.debug("event %s not acknowledged: %s", key, why)
+            self._retry_later(loop, key)
+            return
+        self.acked += 1
+        chain.popleft()
+        if chain:
+            self._ready.append(key)
+            self._wake.set()
+        else:
+            del self._chains[key]
+            if not self._chains:
+                self._idle.set()
+
+    def _retry_later(self, loop, key) -> None:
+        self.retries += 1
+
+        def again() -> None:
+            self._timers.discard(handle)
+            if key in self._chains:
+                self._ready.append(key)
+                self._wake.set()
+
+        handle = loop.call_later(self.retry_s, again)
+        self._timers.add(handle)
