@@ -160,9 +160,17 @@ def _place_waiting(
     capacity = Resources()
     for v in ready:
         capacity = capacity + v.state.capacity
-    d.pools = pool_view(state, capacity, waiting, now)
+    key = (state.last_seq, capacity)
+    cached = state.memo.get("pool_view")
+    if cached is not None and cached[0] == key:
+        d.pools = cached[1]
+    else:
+        d.pools = pool_view(state, capacity, waiting, now)
+        state.memo["pool_view"] = (key, d.pools)
     admitted, blocked = admitted_jobs(state, d.pools)
     d.unplaced.update(blocked)
+    if not admitted:
+        return
     candidates = [
         NodeCandidate(
             v.node_id,

@@ -142,6 +142,10 @@ class RegionState:
         self.by_client: dict[str, str] = {}
         self.tasks: dict[str, TaskRecord] = {}
         self.node_tasks: dict[str, set[str]] = {}  # tasks holding resources on a node
+        self.node_alloc: dict[str, Resources] = {}  # what those tasks hold, summed
+        # Values derived from the state by pure functions, memoised per log position
+        # (reconcile runs on every event; the log moves less often).
+        self.memo: dict[str, tuple[object, object]] = {}
         self.waiting: set[str] = set()  # jobs with PENDING tasks
         self.unsettled: set[str] = set()  # tasks in UNSETTLED states
         self.killing: set[str] = set()  # killed jobs with tasks not yet ended
@@ -234,6 +238,7 @@ class RegionState:
         task.message = task.log_tail = ""
         task.started_at = task.finished_at = None
         self.node_tasks.setdefault(ev.node_id, set()).add(task.task_id)
+        self.node_alloc[ev.node_id] = self.node_alloc.get(ev.node_id, Resources()) + task.resources
         self._history(task, ev.ts, "")
 
     def _task_updated(self, ev: TaskUpdated) -> None:
@@ -272,10 +277,12 @@ class RegionState:
                 task.preempt_reason = ""
                 self.preempting.discard(task.task_id)
             held = self.node_tasks.get(task.node_id)
-            if held is not None:
+            if held is not None and task.task_id in held:
                 held.discard(task.task_id)
+                self.node_alloc[task.node_id] = self.node_alloc[task.node_id] - task.resources
                 if not held:
                     del self.node_tasks[task.node_id]
+                    del self.node_alloc[task.node_id]
         if ev.state == TaskState.PENDING:
             task.node_id = ""
             task.gpu_uuids = ()
@@ -308,10 +315,7 @@ class RegionState:
     # ------------------------------------------------------------ queries
 
     def allocated(self, node_id: str) -> Resources:
-        total = Resources()
-        for tid in self.node_tasks.get(node_id, ()):
-            total = total + self.tasks[tid].resources
-        return total
+        return self.node_alloc.get(node_id, Resources())
 
     def pending_jobs(self) -> list[JobRecord]:
         """Jobs with PENDING tasks, highest priority first, then oldest first."""

@@ -42,12 +42,25 @@ class Resources:
     def __add__(self, other: object) -> Resources:
         if not isinstance(other, Resources):
             return NotImplemented
-        return Resources(*(a + b for a, b in zip(self._amounts(), other._amounts(), strict=True)))
+        # Spelled out: this sits in the scheduler's inner loops.
+        return Resources(
+            self.cpu + other.cpu,
+            self.memory + other.memory,
+            self.disk + other.disk,
+            self.gpu + other.gpu,
+            self.gpu_memory + other.gpu_memory,
+        )
 
     def __sub__(self, other: object) -> Resources:
         if not isinstance(other, Resources):
             return NotImplemented
-        return Resources(*(a - b for a, b in zip(self._amounts(), other._amounts(), strict=True)))
+        return Resources(
+            self.cpu - other.cpu,
+            self.memory - other.memory,
+            self.disk - other.disk,
+            self.gpu - other.gpu,
+            self.gpu_memory - other.gpu_memory,
+        )
 
     def scaled(self, n: int) -> Resources:
         """This amount ``n`` times over (a task group's request times its count)."""

@@ -101,6 +101,7 @@ def check_indexes(state: RegionState) -> None:
         if t.state in HOLDING:
             holding.setdefault(t.node_id, set()).add(tid)
     assert state.node_tasks == holding
+    assert set(state.node_alloc) == set(holding)  # no totals left for nodes holding nothing
     assert state.unsettled == {tid for tid, t in tasks.items() if t.state in UNSETTLED}
     for node, tids in holding.items():
         total = Resources()
