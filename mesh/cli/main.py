@@ -313,17 +313,26 @@ async def _dispatch(args: argparse.Namespace, client: MeshClient) -> int:
     return EXIT_OK
 
 
+def _read_checked(path: str, check) -> str | None:
+    """A spec file's text (or stdin's, for '-'), checked here first so a mistake is
+    reported with the same message the server would give, without a round trip."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        print(f"cannot read {path}: {exc.strerror}", file=sys.stderr)
+        return None
+    try:
+        check(text)
+    except SpecError as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return None
+    return text
+
+
 async def _pool(args: argparse.Namespace, client: MeshClient) -> int:
     if args.pool_cmd == "apply":
-        try:
-            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        except OSError as exc:
-            print(f"cannot read {args.file}: {exc.strerror}", file=sys.stderr)
-            return EXIT_USAGE
-        try:
-            parse_pool_tree(text)
-        except SpecError as exc:
-            print(f"{args.file}: {exc}", file=sys.stderr)
+        text = _read_checked(args.file, parse_pool_tree)
+        if text is None:
             return EXIT_USAGE
         paths = await client.pool_apply(text)
         _out(args, {"pools": paths}, f"applied {len(paths)} pools: {', '.join(paths)}")
@@ -344,15 +353,8 @@ async def _pool(args: argparse.Namespace, client: MeshClient) -> int:
 
 async def _job(args: argparse.Namespace, client: MeshClient) -> int:
     if args.job_cmd == "run":
-        try:
-            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        except OSError as exc:
-            print(f"cannot read {args.file}: {exc.strerror}", file=sys.stderr)
-            return EXIT_USAGE
-        try:
-            parse_job_spec(text)  # fail fast, with the same messages the server would give
-        except SpecError as exc:
-            print(f"{args.file}: {exc}", file=sys.stderr)
+        text = _read_checked(args.file, parse_job_spec)
+        if text is None:
             return EXIT_USAGE
         job_id = await client.submit(text, client_id=args.client_id)
         if not args.wait:
