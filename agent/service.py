@@ -237,9 +237,26 @@ class Agent:
         await self._report(rec, self._event(rec, "RUNNING"))
         self._monitor(rec, handle)
 
-    def _event(self, rec: TaskRecord, state: str) -> TaskEvent:
+    def _event(
+        self,
+        rec: TaskRecord,
+        state: str,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        message: str = "",
+        log_tail: str = "",
+    ) -> TaskEvent:
         return TaskEvent(
-            self.node_id, rec.job_id, rec.task_id, rec.attempt, TaskState(state), time.time()
+            self.node_id,
+            rec.job_id,
+            rec.task_id,
+            rec.attempt,
+            TaskState(state),
+            time.time(),
+            exit_code,
+            signal,
+            message[:4096],
+            log_tail[-4096:],
         )
 
     async def _kill(self, a: Assignment) -> None:
@@ -309,21 +326,7 @@ class Agent:
         await self.store.update(
             rec.task_id, rec.attempt, state=state, exit_code=exit_code, updated=time.time()
         )
-        await self._report(
-            rec,
-            TaskEvent(
-                self.node_id,
-                rec.job_id,
-                rec.task_id,
-                rec.attempt,
-                TaskState(state),
-                time.time(),
-                exit_code,
-                signal,
-                message[:4096],
-                log_tail[-4096:],
-            ),
-        )
+        await self._report(rec, self._event(rec, state, exit_code, signal, message, log_tail))
 
     async def _report(self, rec: TaskRecord, ev: TaskEvent) -> None:
         try:
@@ -347,21 +350,9 @@ class Agent:
                             _exec_id(rec.task_id, rec.attempt), "stderr", 2048
                         )
                         tail = raw.decode(errors="replace")
-                    await self._report(
-                        rec,
-                        TaskEvent(
-                            self.node_id,
-                            rec.job_id,
-                            rec.task_id,
-                            rec.attempt,
-                            TaskState(rec.state),
-                            time.time(),
-                            rec.exit_code,
-                            None,
-                            "reported after agent restart or reconnect",
-                            tail,
-                        ),
-                    )
+                    message = "reported after agent restart or reconnect"
+                    ev = self._event(rec, rec.state, rec.exit_code, None, message, tail)
+                    await self._report(rec, ev)
             except Exception as exc:
                 log.warning("reporter: %s", exc)
 
