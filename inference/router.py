@@ -66,6 +66,7 @@ QUEUE_GROUP = "mesh-infer-routers"
 _DROPPED = error_bytes(DEADLINE, "deadline cannot be met")
 _LATE = error_bytes(DEADLINE, "deadline cannot be met: the batch finished after it")
 _NO_WORKERS = error_bytes(NO_WORKERS, "no live worker serves this model")
+_OVERLOADED = error_bytes(DEADLINE, "deadline cannot be met: the router is overloaded")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,10 @@ class RouterSettings:
     batch_slack_ms: float = 50.0
     sweep_s: float = 0.25
     rebuild_drift: float = 0.25  # re-plan when a worker's profile moves by this fraction
+    # Requests waiting in the client library's queue beyond this are answered at once,
+    # undecoded: under overload, serving the queue in order only reaches requests whose
+    # deadlines have passed, and goodput collapses (receive livelock).
+    shed_backlog: int = 512
 
 
 class _Worker:
@@ -183,10 +188,11 @@ class Router:
             await nc.subscribe(hello_subject(self.s.region), cb=self._on_hello),
             await nc.subscribe(f"{self._inbox}.*", cb=self._on_batch_reply,
                                pending_msgs_limit=1_000_000),
-            await nc.subscribe(infer_all(self.s.region), queue=QUEUE_GROUP,
-                               cb=self._on_request, pending_msgs_limit=1_000_000,
-                               pending_bytes_limit=512 * 1024 * 1024),
         ]
+        self._req_sub = await nc.subscribe(
+            infer_all(self.s.region), queue=QUEUE_GROUP, cb=self._on_request,
+            pending_msgs_limit=1_000_000, pending_bytes_limit=512 * 1024 * 1024)
+        self._subs.append(self._req_sub)
         await nc.flush()
         self._tasks = [asyncio.create_task(self._flusher(), name="router-flusher"),
                        asyncio.create_task(self._sweeper(), name="router-sweeper")]
@@ -258,6 +264,10 @@ class Router:
         reply = msg.reply
         if not reply:
             st["bad"] += 1
+            return
+        if self._req_sub.pending_msgs > self.s.shed_backlog:
+            st["shed"] = st.get("shed", 0) + 1
+            self._send(reply, _OVERLOADED)
             return
         try:
             req = decode(InferRequest, msg.data)
