@@ -27,7 +27,10 @@ from inference.worker import Worker, WorkerConfig, mlp
 from tests.integration.conftest import eventually
 
 R = "t1"
-TOLERANCE_MS = 3.0
+# The router answers by each deadline on its own clock, less a 2 ms margin for the way
+# back; what the client measures adds its own scheduling, which on a loaded 2-core
+# machine (the whole region runs in this one test process) can take several ms more.
+TOLERANCE_MS = 15.0
 
 
 class Rig:
