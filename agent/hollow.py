@@ -18,24 +18,25 @@ One fleet process carries thousands of nodes (a 2-core machine: 1,000 comfortabl
   `filter_subjects` has no count limit of its own (the consumer config must fit in one
   API request: max_payload, 1 MiB by default, about 30,000 subjects of this length),
   but it has two costs, measured on nats-server 2.15.1 on this 2-core machine:
-  * creating (or changing) the consumer is quadratic in its filters, since the server
-    checks them pairwise for overlap: 0.24 s for 1,000 nodes, about 5 s for 5,000.
-    An existing consumer with the same node set is bound as it is, at no cost.
+  * creating (or changing) the consumer grows about quadratically with its filters
+    (the server checks them for overlap): 0.2 s for 1,000 nodes, 3.3-5.9 s for 5,000.
+    An existing consumer with the same node set is bound as it is (0.02 s).
   * picking the next message costs the server time in proportion to the number of
     distinct subjects that hold pending messages. In steady flow (a few hundred
     assignments in flight) that is nothing: 8,600 assignments/s through one consumer
     over 5,000 subjects, like a `*` consumer (11,000/s). Draining a backlog spread over
     all 5,000 subjects slows to ~5,800/s at 2,000 pending and ~800/s at 20,000 pending.
-  Splitting the node set over several consumers does not help either cost (the
-  server's overlap checks and its per-message scan are over the stream's subjects,
-  not over one consumer's), so the fleet keeps one.
+  Splitting the nodes over 10 or 20 consumers measured no better (3.3-3.6 s to create
+  them all, 600-750/s to drain 20,000), so the fleet keeps one.
   One consumer per node is also capped: nats-server 2.15 gives every stream a default
   limit of 1,000 consumers (unless the stream sets `max_consumers`), so per-node
   consumers stopped at 1,000 nodes per region, real agents included ("maximum
   consumers limit reached"); a fleet takes one, whatever its size.
   Per-node consumers left by an older fleet with these node ids (`agent_<node>`) are
   deleted at start, so their subjects can pass to the fleet's consumer; messages they
-  had not acknowledged stay in the stream and come to the new consumer.
+  had not acknowledged stay in the stream and come to the new consumer. Two fleet
+  processes with the same prefix would share one consumer (and node ids): use distinct
+  prefixes.
 - Idempotency: each node remembers the (task, attempt) pairs it was given, so a
   redelivered assignment never starts twice; the memory of a finished attempt is
   dropped after `SEEN_TTL_S`, far longer than the consumer's ack wait (30 s) and the
@@ -52,6 +53,13 @@ One fleet process carries thousands of nodes (a 2-core machine: 1,000 comfortabl
   connection, in order per task attempt (RUNNING is acknowledged before SUCCEEDED is
   sent), retried until acknowledged, de-duplicated by the same message ids as a real
   agent's.
+
+Measured (2 cores, nats-server 2.15.1, the fleet in its own process): 1,000 nodes start
+in 0.2 s, idle at 2 % CPU and 31 MB RSS; 5,000 nodes in ~5 s, 6 % CPU, 38 MB. Driven
+directly on the wire, the fleet takes ~2,000-2,200 short tasks/s from assignment to
+acknowledged SUCCEEDED at either size, with the machine's two cores saturated (fleet
+~80 %, nats-server ~45 %, the driver the rest). Per-node consumers managed 1,000 nodes
+at most: 3.5 s to start, 36 % CPU idle, ~500 tasks/s.
 """
 
 from __future__ import annotations
@@ -71,13 +79,14 @@ from mesh.codec import to_wire
 from mesh.connect import close_quietly, connect
 from mesh.schema import Assignment, GpuStatus, NodeState, Resources, TaskEvent
 from mesh.streams import ensure_streams
+from mesh.tasks import cancel_and_wait
 from workloads.lifecycle import TaskState
 
 log = logging.getLogger("mesh.hollow")
 
 GiB = 1024**3
 
-HEARTBEAT_TICK_S = 0.05  # heartbeats go out in this many slices of the period
+HEARTBEAT_TICK_S = 0.05  # a period's heartbeats go out in slices this long
 SEEN_TTL_S = 900.0  # how long a node remembers a finished attempt (redelivery guard)
 
 
@@ -276,14 +285,7 @@ class HollowFleet:
     async def stop(self) -> None:
         self._stopping = True  # runs cut short by a shutdown were not killed: report nothing
         for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            try:
-                await t
-            except asyncio.CancelledError:
-                pass
-            except Exception as exc:
-                log.debug("hollow fleet task: %s", exc)
+            await cancel_and_wait(t)
         self._tasks = []
         if self.feed is not None:
             await self.feed.stop()

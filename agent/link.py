@@ -33,6 +33,7 @@ from nats.js.errors import APIError, NotFoundError
 from mesh import subjects
 from mesh.codec import WireError, decode, encode
 from mesh.schema import Assignment, TaskEvent
+from mesh.tasks import cancel_and_wait
 from workloads.lifecycle import TaskState
 
 log = logging.getLogger("mesh.agent.link")
@@ -187,11 +188,8 @@ class FleetFeed:
         self._task = asyncio.create_task(self._run(), name=f"assignments:{self.durable}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._psub is not None:
             with contextlib.suppress(Exception):
                 await self._psub.unsubscribe()
@@ -391,11 +389,8 @@ class EventPublisher:
         for h in self._timers:
             h.cancel()
         self._timers.clear()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self._ready.clear()
         self._chains.clear()
         self._idle.set()

@@ -22,6 +22,7 @@ from coordinator.state import RegionState
 from mesh import subjects
 from mesh.codec import WireError, decode, encode
 from mesh.schema import LogEntry, LogEvent
+from mesh.tasks import cancel_and_wait
 
 log = logging.getLogger("mesh.joblog")
 
@@ -118,10 +119,7 @@ class LogWriter:
         self._task = asyncio.create_task(self._run(), name="log-writer")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         while not self._queue.empty():
             _, fut = self._queue.get_nowait()
             if not fut.done():

@@ -33,6 +33,7 @@ from mesh.schema import (
     TaskSpec,
     TaskUpdated,
 )
+from mesh.tasks import cancel_and_wait
 from workloads.lifecycle import ENDED, FINAL, TaskState
 
 if TYPE_CHECKING:
@@ -76,10 +77,7 @@ class Leader:
 
     async def stop(self) -> None:
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait(task)
         self._tasks = []
         await self.writer.stop()
 

@@ -23,6 +23,8 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
+from mesh.tasks import cancel_and_wait
+
 log = logging.getLogger("mesh.lease")
 
 Callback = Callable[[int], Awaitable[None]]
@@ -75,10 +77,7 @@ class Lease:
     async def stop(self) -> None:
         """Hand over gracefully: delete the key so a follower takes over at once."""
         for task in (self._task, self._watch_task):
-            if task:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await cancel_and_wait(task)
         if self.term is not None and self._kv is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._release(), 1.0)

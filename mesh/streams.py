@@ -39,6 +39,8 @@ def stream_configs(region: str, replicas: int = 1) -> list[StreamConfig]:
             retention=RetentionPolicy.WORK_QUEUE,
             discard=DiscardPolicy.OLD,
             max_age=7 * 24 * 3600.0,
+            # One durable consumer per real agent: the server's default cap is 1,000.
+            max_consumers=100_000,
             **common,
         ),
         StreamConfig(

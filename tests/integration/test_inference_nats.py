@@ -9,6 +9,7 @@ never a hang past their deadline; bad wire input is answered, not fatal.
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import numpy as np
@@ -57,9 +58,14 @@ class Rig:
 
 @pytest.fixture
 async def rig(nats_server):
+    # Router, workers and clients share this process: a full garbage collection of what
+    # earlier tests left (tens of ms) would stall all of them at once and read as lateness.
+    gc.collect()
+    gc.freeze()
     r = Rig(nats_server.url)
     yield r
     await r.close()
+    gc.unfreeze()
 
 
 async def ask(nc, model: str, timeout: float = 5.0, **req) -> tuple[InferReply, float]:

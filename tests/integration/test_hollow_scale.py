@@ -1,0 +1,305 @@
+"""Hollow fleets at scale over a real nats-server: one assignment consumer per fleet,
+spread heartbeats, concurrent events, and nothing run twice or lost."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, defaultdict
+
+import pytest
+from nats.js.api import ConsumerConfig
+
+from agent.hollow import GiB, HollowNode, Inventory, inventory_mix
+from agent.link import EventPublisher
+from mesh import subjects
+from mesh.codec import decode, encode
+from mesh.schema import Assignment, NodeState, TaskEvent, TaskSpec
+from mesh.streams import ensure_streams
+from workloads.lifecycle import TaskState
+from workloads.spec import SimulatedRun
+
+from .conftest import eventually
+
+REGION = "default"
+
+
+def test_encoded_heartbeat_is_what_the_codec_gives():
+    for i, inv in enumerate([*inventory_mix(8, seed=3), Inventory(2, 4 * GiB, edge=True)]):
+        node = HollowNode(f"hollow-{i:04d}", inv)
+        for n in range(4):
+            if n:
+                node.running[(f"job-{i}.w.{n}", n)] = None  # only the keys matter here
+            st = node.state(REGION)
+            node.seq -= 1  # encode the same beat again, the cheap way
+            raw = node.encode_state(REGION, st.ts)
+            assert raw == encode(st)
+            assert decode(NodeState, raw) == st
+
+
+async def _assignment_consumers(nc) -> list:
+    js = nc.jetstream()
+    return await js.consumers_info(subjects.assign_stream(REGION))
+
+
+async def test_fleet_of_300_runs_500_simulated_tasks_each_once(region):
+    await region.coordinator()
+    t0 = time.monotonic()
+    fleet = await region.fleet(300)
+    await region.ready(300)
+    consumers = await _assignment_consumers(region.nc)
+    assert [c.name for c in consumers] == ["fleet_hollow"]
+    assert len(consumers[0].config.filter_subjects) == 300
+    job_id = await region.client.submit(
+        {
+            "name": "wide",
+            "tasks": [
+                {
+                    "role": "w",
+                    "count": 500,
+                    "simulate": {"duration": "0.5s"},
+                    "resources": {"cpu": 1, "memory": "1Gi"},
+                }
+            ],
+        }
+    )
+    job = await region.client.wait(job_id, timeout=60, poll=0.25)
+    elapsed = time.monotonic() - t0
+    assert job["state"] == "SUCCEEDED"
+    tasks = job["task_list"]
+    assert len(tasks) == 500
+    assert all(t["state"] == "SUCCEEDED" and t["attempt"] == 1 for t in tasks)
+    assert all(t["node_id"] in fleet.nodes for t in tasks)
+    for t in tasks:
+        states = [h["state"] for h in t["history"]]
+        assert states.count("RUNNING") == 1 and states.count("SUCCEEDED") == 1, states
+    assert fleet.counts["runs"] == 500 and fleet.counts["refused"] == 0
+    assert fleet.events.pending == 0
+    assert elapsed < 30, f"took {elapsed:.1f} s"
+
+
+class Harness:
+    """Plays the coordinator's part on the wire: publishes assignments and reads events."""
+
+    def __init__(self, nc) -> None:
+        self.nc = nc
+        self.js = nc.jetstream(timeout=10.0)
+        self.events: list[TaskEvent] = []
+        self._n = 0
+
+    async def start(self) -> None:
+        await ensure_streams(self.js, REGION)
+        self.psub = await self.js.pull_subscribe(
+            subjects.events_all(REGION),
+            durable="test_events",
+            stream=subjects.events_stream(REGION),
+            config=ConsumerConfig(ack_wait=5.0),
+        )
+
+    async def assign(self, node_id: str, task_id: str, *, attempt=1, kind="run", spec=None):
+        self._n += 1  # a fresh message id: the server must not de-duplicate the resends
+        a = Assignment(kind, node_id, "job-1", task_id, attempt, 1, time.time(), spec)
+        await self.js.publish(
+            subjects.assign(REGION, node_id),
+            encode(a),
+            stream=subjects.assign_stream(REGION),
+            headers={"Nats-Msg-Id": f"test:{self._n}"},
+        )
+
+    async def drain(self) -> list[TaskEvent]:
+        try:
+            msgs = await self.psub.fetch(256, timeout=0.2)
+        except Exception:
+            return self.events
+        for m in msgs:
+            self.events.append(decode(TaskEvent, m.data))
+            await m.ack()
+        return self.events
+
+    def states(self, task_id: str) -> list[str]:
+        return [str(e.state) for e in self.events if e.task_id == task_id]
+
+
+def sim(duration: float, exit_code: int = 0) -> TaskSpec:
+    return TaskSpec(simulate=SimulatedRun(duration, exit_code))
+
+
+async def test_redelivered_assignment_never_runs_twice_and_commands_are_refused(region):
+    h = Harness(region.nc)
+    fleet = await region.fleet(5)
+    await h.start()
+    await h.assign("hollow-0001", "t-sim", spec=sim(0.3))
+    await h.assign("hollow-0001", "t-sim", spec=sim(0.3))  # redelivered
+    await h.assign("hollow-0002", "t-real", spec=TaskSpec(argv=("/bin/true",)))
+    await h.assign("hollow-0003", "t-fail", spec=sim(0.0, exit_code=7))
+    await h.assign("hollow-0004", "t-long", spec=sim(300.0))
+
+    async def long_running():
+        await h.drain()
+        return "RUNNING" in h.states("t-long")
+
+    await eventually(long_running)
+    await h.assign("hollow-0004", "t-long", kind="kill")
+    await h.assign("hollow-0001", "t-sim", spec=sim(0.3))  # after it ended, still not again
+
+    async def settled():
+        await h.drain()
+        return (
+            "SUCCEEDED" in h.states("t-sim")
+            and h.states("t-real")
+            and "FAILED" in h.states("t-fail")
+            and "KILLED" in h.states("t-long")
+        )
+
+    await eventually(settled, timeout=10)
+    await asyncio.sleep(0.5)
+    await h.drain()
+    assert h.states("t-sim") == ["RUNNING", "SUCCEEDED"]
+    assert h.states("t-real") == ["FAILED"]
+    (refusal,) = [e for e in h.events if e.task_id == "t-real"]
+    assert "never runs a real command" in refusal.message
+    assert h.states("t-fail") == ["RUNNING", "FAILED"]
+    assert [e.exit_code for e in h.events if e.task_id == "t-fail"] == [None, 7]
+    assert h.states("t-long") == ["RUNNING", "KILLED"]
+    assert {e.node_id for e in h.events if e.task_id == "t-sim"} == {"hollow-0001"}
+    assert fleet.counts["duplicates"] == 2
+    assert not fleet.nodes["hollow-0004"].running
+
+
+async def test_assignment_for_another_node_is_refused(region):
+    h = Harness(region.nc)
+    fleet = await region.fleet(2)
+    await h.start()
+    # On hollow-0000's subject, but addressed to hollow-0001: a node speaks only for itself.
+    a = Assignment("run", "hollow-0001", "job-1", "t-x", 1, 1, time.time(), sim(0.1))
+    await h.js.publish(subjects.assign(REGION, "hollow-0000"), encode(a))
+    await eventually(lambda: fleet.feed.rejected == 1)
+    await asyncio.sleep(0.3)
+    assert fleet.counts["runs"] == 0 and await h.drain() == []
+
+
+async def test_legacy_per_node_consumers_hand_over_their_backlog(region):
+    """Per-node consumers of an older fleet own the subjects on the work-queue stream:
+    the fleet removes them, and what they had not acknowledged still runs."""
+    h = Harness(region.nc)
+    await h.start()
+    for node in ("hollow-0000", "hollow-0001"):
+        await h.js.pull_subscribe(
+            subjects.assign(REGION, node),
+            durable=subjects.agent_consumer(node),
+            stream=subjects.assign_stream(REGION),
+        )
+    await h.assign("hollow-0001", "t-old", spec=sim(0.1))
+    fleet = await region.fleet(3)
+    assert fleet.feed.migrated == 2
+    assert [c.name for c in await _assignment_consumers(region.nc)] == ["fleet_hollow"]
+
+    async def done():
+        await h.drain()
+        return "SUCCEEDED" in h.states("t-old")
+
+    await eventually(done, timeout=10)
+    assert h.states("t-old") == ["RUNNING", "SUCCEEDED"]
+
+
+async def test_restart_reuses_the_consumer_and_a_grown_fleet_updates_it(region):
+    fleet = await region.fleet(4)
+    await fleet.stop()
+    region.fleets.remove(fleet)
+    h = Harness(region.nc)
+    await h.start()
+    await h.assign("hollow-0002", "t-while-away", spec=sim(0.1))  # no one listening
+    fleet = await region.fleet(6)
+    (c,) = await _assignment_consumers(region.nc)
+    assert len(c.config.filter_subjects) == 6
+
+    async def done():
+        await h.drain()
+        return "SUCCEEDED" in h.states("t-while-away")
+
+    await eventually(done, timeout=10)
+
+
+async def test_a_deleted_consumer_is_put_back(region):
+    h = Harness(region.nc)
+    fleet = await region.fleet(3)
+    await h.start()
+    await h.js.delete_consumer(subjects.assign_stream(REGION), fleet.feed.durable)
+    await h.assign("hollow-0001", "t-after", spec=sim(0.1))
+
+    async def done():
+        await h.drain()
+        return "SUCCEEDED" in h.states("t-after")
+
+    await eventually(done, timeout=15)
+    assert h.states("t-after") == ["RUNNING", "SUCCEEDED"]
+
+
+async def test_events_wait_for_the_stream_in_order_per_attempt(nc):
+    """Nothing takes the events at first (no stream): they are retried, and each
+    attempt's events are stored in the order they were sent."""
+    js = nc.jetstream(timeout=5.0)
+    pub = EventPublisher(js, REGION, retry_s=0.1)
+    pub.start()
+    order = (TaskState.RUNNING, TaskState.SUCCEEDED)
+    for i in range(200):
+        for state in order:
+            pub.send(TaskEvent(f"n-{i % 7}", "job-1", f"t-{i}", 1, state, time.time()))
+    await asyncio.sleep(0.4)
+    assert pub.pending == 400 and pub.retries > 0 and pub.acked == 0
+    await ensure_streams(js, REGION)
+    assert await pub.flush(15)
+    assert pub.acked == 400
+    psub = await js.pull_subscribe(
+        subjects.events_all(REGION), durable="check", stream=subjects.events_stream(REGION)
+    )
+    stored = []
+    while len(stored) < 400:
+        for m in await psub.fetch(400 - len(stored), timeout=2):
+            stored.append(decode(TaskEvent, m.data))
+            await m.ack()
+    by_task = defaultdict(list)
+    for ev in stored:
+        by_task[ev.task_id].append(ev.state)
+    assert len(by_task) == 200 and all(tuple(s) == order for s in by_task.values())
+    await pub.stop()
+
+
+@pytest.mark.slow
+async def test_heartbeats_are_spread_over_the_period(region):
+    seen: list[tuple[float, str]] = []
+
+    async def on_state(msg):
+        seen.append((time.monotonic(), decode(NodeState, msg.data).node_id))
+
+    sub = await region.nc.subscribe(subjects.state_all(REGION), cb=on_state)
+    fleet = await region.fleet(400, heartbeat_s=1.0)
+    await asyncio.sleep(1.2)
+    seen.clear()
+    await asyncio.sleep(2.0)
+    await sub.unsubscribe()
+    per_node = Counter(n for _, n in seen)
+    assert set(per_node) == set(fleet.nodes)
+    assert all(1 <= k <= 3 for k in per_node.values()), per_node.most_common(3)
+    # Spread: no 100 ms window holds much more than its share (40 of 400 per second;
+    # a burst would put all 400 in one).
+    buckets = defaultdict(int)
+    t0 = seen[0][0]
+    for t, _ in seen:
+        buckets[int((t - t0) / 0.1)] += 1
+    assert max(buckets.values()) <= 120, sorted(buckets.values())[-5:]
+    # seq rises by one per beat
+    beats = await _collect_seqs(region, "hollow-0007")
+    assert beats == sorted(beats) and len(set(beats)) == len(beats)
+
+
+async def _collect_seqs(region, node_id: str) -> list[int]:
+    seqs: list[int] = []
+
+    async def on_state(msg):
+        seqs.append(decode(NodeState, msg.data).seq)
+
+    sub = await region.nc.subscribe(subjects.state(REGION, node_id), cb=on_state)
+    await asyncio.sleep(2.2)
+    await sub.unsubscribe()
+    return seqs
