@@ -33,7 +33,7 @@ class CoordinatorConfig:
     suspect_after: float = 3.0
     down_after: float = 10.0
     replicas: int = 1
-    preempt_every_s: float = 0.5  # one preemption cycle this often
+    preempt_every_s: float = 0.25  # one preemption cycle this often (hysteresis counts them)
     preempt_cycles: int = 2  # cycles a pool must stay over entitlement before it is preempted
     connect_options: dict = field(default_factory=dict)
 
