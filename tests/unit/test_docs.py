@@ -26,6 +26,11 @@ def test_readme_examples_parse():
         parse_pool_tree(block)
 
 
+def test_workloads_readme_spec_parses():
+    (spec,) = [b for b in yaml_blocks(ROOT / "workloads" / "README.md") if b.startswith("name:")]
+    parse_job_spec(spec)
+
+
 def test_example_files_parse():
     for path in (ROOT / "docs" / "examples").glob("*.yaml"):
         parse_job_spec(path.read_text())
