@@ -19,7 +19,7 @@ from nats.js.api import ConsumerConfig
 from coordinator.cluster import NodeView
 from coordinator.joblog import Fenced, LogWriter, Unavailable
 from coordinator.pooling import PoolView, preemptions
-from coordinator.reconcile import Kill, reconcile
+from coordinator.reconcile import Kill, agent_event, reconcile
 from coordinator.state import TaskRecord
 from mesh import subjects
 from mesh.codec import WireError, decode, encode
@@ -34,7 +34,6 @@ from mesh.schema import (
     TaskUpdated,
 )
 from mesh.tasks import cancel_and_wait
-from workloads.lifecycle import ENDED, FINAL, TaskState
 
 if TYPE_CHECKING:
     from coordinator.service import Coordinator
@@ -250,37 +249,11 @@ class Leader:
                 self.bad_events += 1
                 log.warning("task event for %s arrived on %s: dropped", ev.node_id, msg.subject)
                 continue
-            t = self.state.tasks.get(ev.task_id)
-            if t is None:
-                continue
-            if ev.attempt == t.attempt and ev.node_id == t.node_id:
-                state, message = ev.state, ev.message
-                if state == TaskState.KILLED and t.preempt_reason:
-                    state, message = TaskState.PREEMPTED, t.preempt_reason
-                updates.append(
-                    TaskUpdated(
-                        ev.job_id,
-                        ev.task_id,
-                        ev.attempt,
-                        state,
-                        ev.node_id,
-                        ev.ts,
-                        ev.exit_code,
-                        ev.signal,
-                        message,
-                        ev.log_tail,
-                    )
-                )
-            elif ev.state not in ENDED and ev.state not in FINAL:
-                stale.append(
-                    Kill(
-                        ev.node_id,
-                        ev.job_id,
-                        ev.task_id,
-                        ev.attempt,
-                        "stale copy: this attempt is no longer assigned to this node",
-                    )
-                )
+            outcome = agent_event(self.state, ev)
+            if isinstance(outcome, TaskUpdated):
+                updates.append(outcome)
+            elif isinstance(outcome, Kill):
+                stale.append(outcome)
         if updates:
             try:
                 await self.writer.append(updates)

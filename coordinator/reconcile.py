@@ -13,8 +13,8 @@ from coordinator.cluster import DOWN, READY, NodeView
 from coordinator.placement import GangRequest, NodeCandidate, TaskRequest, place
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
 from coordinator.state import HOLDING, RegionState
-from mesh.schema import LogEvent, TaskPlaced, TaskUpdated
-from workloads.lifecycle import TaskState
+from mesh.schema import LogEvent, TaskEvent, TaskPlaced, TaskUpdated
+from workloads.lifecycle import ENDED, FINAL, TaskState
 from workloads.resources import Resources
 
 
@@ -46,6 +46,40 @@ def reconcile(state: RegionState, nodes: dict[str, NodeView], now: float) -> Dec
         # Place only from a settled state: a task being requeued this round is placed next.
         _place_waiting(state, nodes, now, d)
     return d
+
+
+def agent_event(state: RegionState, ev: TaskEvent) -> TaskUpdated | Kill | None:
+    """What an agent's report means for the log: the current attempt's transition (a
+    KILLED of an attempt being reclaimed is logged as PREEMPTED, so it is requeued), a
+    kill for a copy that should not be running, or nothing (unknown or already ended)."""
+    t = state.tasks.get(ev.task_id)
+    if t is None:
+        return None
+    if ev.attempt == t.attempt and ev.node_id == t.node_id:
+        new_state, message = ev.state, ev.message
+        if new_state == TaskState.KILLED and t.preempt_reason:
+            new_state, message = TaskState.PREEMPTED, t.preempt_reason
+        return TaskUpdated(
+            ev.job_id,
+            ev.task_id,
+            ev.attempt,
+            new_state,
+            ev.node_id,
+            ev.ts,
+            ev.exit_code,
+            ev.signal,
+            message,
+            ev.log_tail,
+        )
+    if ev.state in ENDED or ev.state in FINAL:
+        return None
+    return Kill(
+        ev.node_id,
+        ev.job_id,
+        ev.task_id,
+        ev.attempt,
+        "stale copy: this attempt is no longer assigned to this node",
+    )
 
 
 def _lose_tasks_on_down_nodes(

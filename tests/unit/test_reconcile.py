@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from coordinator.cluster import DOWN, READY, SUSPECT, NodeView
-from coordinator.reconcile import Decisions, Kill, reconcile
+from coordinator.reconcile import Decisions, Kill, agent_event, reconcile
 from coordinator.state import HOLDING, RegionState
 from mesh.schema import (
     JobKillRequested,
@@ -18,7 +18,9 @@ from mesh.schema import (
     LeaderElected,
     LogEntry,
     NodeState,
+    TaskEvent,
     TaskPlaced,
+    TaskPreemptRequested,
     TaskUpdated,
 )
 from workloads.lifecycle import JobState, TaskState
@@ -634,3 +636,23 @@ def test_no_pending_task_is_left_behind_when_there_is_room():
                 log.update(tid, S.SUCCEEDED, exit_code=0)
     assert all(job.state == JobState.SUCCEEDED for job in log.state.jobs.values())
     assert log.decide(nodes).events == []
+
+
+def test_agent_events_become_log_updates_preemptions_or_stale_kills():
+    log = Log()
+    log.submit("j", count=1)
+    log.run("j.w.0", "a")
+    t = log.state.tasks["j.w.0"]
+    done = agent_event(log.state, TaskEvent("a", "j", "j.w.0", 1, S.SUCCEEDED, 4.0, exit_code=0))
+    assert isinstance(done, TaskUpdated) and done.state == S.SUCCEEDED and done.exit_code == 0
+    # A KILLED report of an attempt being reclaimed is logged as PREEMPTED, with the reason.
+    log.append(TaskPreemptRequested("j", "j.w.0", t.attempt, "preempted: for /a", 4.0))
+    killed = agent_event(log.state, TaskEvent("a", "j", "j.w.0", 1, S.KILLED, 5.0))
+    assert killed.state == S.PREEMPTED and killed.message == "preempted: for /a"
+    # The same attempt reported running from another node: a stale copy to kill there.
+    stale = agent_event(log.state, TaskEvent("b", "j", "j.w.0", 1, S.RUNNING, 5.0))
+    assert stale == Kill("b", "j", "j.w.0", 1,
+                         "stale copy: this attempt is no longer assigned to this node")
+    # An ended stale copy, or an unknown task: nothing to do.
+    assert agent_event(log.state, TaskEvent("b", "j", "j.w.0", 1, S.FAILED, 5.0)) is None
+    assert agent_event(log.state, TaskEvent("a", "x", "x.w.0", 1, S.RUNNING, 5.0)) is None
