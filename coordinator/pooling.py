@@ -38,6 +38,15 @@ class PoolView:
     entitlement: dict[str, Resources]
 
 
+@dataclass(slots=True)
+class _Held:
+    """What one running job holds, summed over its tasks, and its earliest start."""
+
+    resources: Resources
+    tasks: int
+    started: float
+
+
 def _pending_resources(job: JobRecord) -> Resources:
     total = Resources()
     for t in job.tasks.values():
@@ -56,7 +65,7 @@ def pool_view(
         )
         for j in waiting
     ]
-    held: dict[str, list[Resources | int | float | bool]] = {}
+    held: dict[str, _Held] = {}
     allocation: dict[str, Resources] = {}
     non_preemptible: dict[str, Resources] = {}
     reclaimed: set[str] = {state.tasks[t].job_id for t in state.preempting}
@@ -70,13 +79,14 @@ def pool_view(
                 non_preemptible[pool] = non_preemptible.get(pool, Resources()) + t.resources
             if job.job_id in reclaimed or pool not in leaves:
                 continue
-            entry = held.setdefault(job.job_id, [Resources(), 0, now])
-            entry[0] = entry[0] + t.resources
-            entry[1] += 1
+            h = held.setdefault(job.job_id, _Held(Resources(), 0, now))
+            h.resources = h.resources + t.resources
+            h.tasks += 1
             if t.started_at is not None:
-                entry[2] = min(entry[2], t.started_at)
+                h.started = min(h.started, t.started_at)
     running = []
-    for jid, (res, n, started) in sorted(held.items()):
+    for jid, h in sorted(held.items()):
+        res, n, started = h.resources, h.tasks, h.started
         spec = state.jobs[jid].spec
         running.append(
             RunningJob(
