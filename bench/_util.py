@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -43,8 +44,15 @@ def summary_ms(seconds: Sequence[float], digits: int = 2) -> dict:
     if not seconds:
         return {"n": 0}
     ms = [s * 1000.0 for s in seconds]
-    out = {"n": len(ms), "min": min(ms), "p50": percentile(ms, 50), "p90": percentile(ms, 90),
-           "p99": percentile(ms, 99), "max": max(ms), "mean": sum(ms) / len(ms)}
+    out = {
+        "n": len(ms),
+        "min": min(ms),
+        "p50": percentile(ms, 50),
+        "p90": percentile(ms, 90),
+        "p99": percentile(ms, 99),
+        "max": max(ms),
+        "mean": sum(ms) / len(ms),
+    }
     return {k: (round(v, digits) if isinstance(v, float) else v) for k, v in out.items()}
 
 
@@ -56,25 +64,51 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def fmt_ms(s: dict) -> str:
     if not s.get("n"):
         return "no samples"
-    return (f"n={s['n']} p50={s['p50']:.2f} p90={s['p90']:.2f} p99={s['p99']:.2f} "
-            f"max={s['max']:.2f} mean={s['mean']:.2f} ms")
+    return (
+        f"n={s['n']} p50={s['p50']:.2f} p90={s['p90']:.2f} p99={s['p99']:.2f} "
+        f"max={s['max']:.2f} mean={s['mean']:.2f} ms"
+    )
 
 
 # ---------------------------------------------------------------- child processes
 
 
+def with_state_dir(state_dir: str | None, prefix: str, run):
+    """`run(path)` in the given state dir (kept, for inspection), or in a temporary one."""
+    if state_dir:
+        return run(Path(state_dir))
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        return run(Path(tmp))
+
+
 def mesh_command(url: str, region: str, *args: str, log_level: str = "warning") -> list[str]:
     """The command line LocalMesh uses for a `mesh` server process."""
-    return [sys.executable, "-m", "mesh.cli.main", "--nats", url, "--region", region,
-            "--log-level", log_level, *args]
+    return [
+        sys.executable,
+        "-m",
+        "mesh.cli.main",
+        "--nats",
+        url,
+        "--region",
+        region,
+        "--log-level",
+        log_level,
+        *args,
+    ]
 
 
 def spawn(cmd: list[str], log_path: Path, **kw) -> subprocess.Popen[bytes]:
     """A child in its own session (so a Ctrl-C reaches only us), output to a log file."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, **kw)
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            **kw,
+        )
 
 
 def stop_process(proc: subprocess.Popen | None, timeout: float = 5.0) -> None:
@@ -131,9 +165,13 @@ asyncio.run(main())
 
 def start_echo(url: str, subject: str) -> subprocess.Popen[bytes]:
     """A trivial request/reply responder in its own process (a bare nats-py client)."""
-    proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, url, subject],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ECHO_SERVER, url, subject],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     line = proc.stdout.readline()  # blocks until it subscribed (or died)
     if line.strip() != b"ready":
         stop_process(proc)
@@ -163,8 +201,8 @@ class LogWatcher:
     event_ts: dict[str, dict[str, float]] = field(default_factory=dict)
     elections: list[tuple[float, str, int]] = field(default_factory=list)  # (t, leader, term)
     entries: int = 0
-    submit_entries: int = 0        # entries holding at least one JobSubmitted
-    submit_events: int = 0         # JobSubmitted events in them (their ratio: batching)
+    submit_entries: int = 0  # entries holding at least one JobSubmitted
+    submit_events: int = 0  # JobSubmitted events in them (their ratio: batching)
     bad: int = 0
 
     def __post_init__(self) -> None:
@@ -173,8 +211,12 @@ class LogWatcher:
 
     async def start(self, deliver: DeliverPolicy = DeliverPolicy.NEW) -> None:
         self._sub = await self.js.subscribe(
-            subjects.job_log(self.region), stream=subjects.log_stream(self.region),
-            ordered_consumer=True, deliver_policy=deliver, cb=self._on_msg)
+            subjects.job_log(self.region),
+            stream=subjects.log_stream(self.region),
+            ordered_consumer=True,
+            deliver_policy=deliver,
+            cb=self._on_msg,
+        )
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -254,7 +296,7 @@ class ProcSample:
 
     name: str
     pid: int
-    cpu_s: float = 0.0             # user + system seconds in the window
+    cpu_s: float = 0.0  # user + system seconds in the window
     wall_s: float = 0.0
     rss: list[int] = field(default_factory=list)
     uss: list[int] = field(default_factory=list)
@@ -314,13 +356,16 @@ class CpuWindow:
                 cpu, wait = _cpu(p), runq_wait_s(p.pid)
             except psutil.NoSuchProcess:
                 continue
-            out[n] = {"cpu": round(100.0 * (cpu - self._c0[n][0]) / wall, 1),
-                      "runq_wait": round(100.0 * (wait - self._c0[n][1]) / wall, 1)}
+            out[n] = {
+                "cpu": round(100.0 * (cpu - self._c0[n][0]) / wall, 1),
+                "runq_wait": round(100.0 * (wait - self._c0[n][1]) / wall, 1),
+            }
         return out
 
 
-async def sample_processes(procs: dict[str, int], seconds: float,
-                           every: float = 1.0) -> dict[str, ProcSample]:
+async def sample_processes(
+    procs: dict[str, int], seconds: float, every: float = 1.0
+) -> dict[str, ProcSample]:
     """Sample RSS/USS every `every` seconds and CPU time at both ends of the window."""
     ps = {n: psutil.Process(pid) for n, pid in procs.items()}
     out = {n: ProcSample(n, pid) for n, pid in procs.items()}
@@ -344,8 +389,7 @@ async def sample_processes(procs: dict[str, int], seconds: float,
 
 def machine() -> str:
     vm = psutil.virtual_memory()
-    return (f"{os.cpu_count()} cores, {vm.total / 2**30:.0f} GiB, "
-            f"Python {sys.version.split()[0]}")
+    return f"{os.cpu_count()} cores, {vm.total / 2**30:.0f} GiB, Python {sys.version.split()[0]}"
 
 
 def loadavg() -> float:

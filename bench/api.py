@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import datetime
 import os
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -44,6 +43,7 @@ from bench._util import (
     stop_process,
     summary_ms,
     survivors,
+    with_state_dir,
 )
 from mesh.cli.launcher import LocalMesh, LocalMeshConfig
 from mesh.client import MeshClient
@@ -57,22 +57,27 @@ ENDED = ("SUCCEEDED", "FAILED", "KILLED", "LOST")
 
 def latency_spec(command: list[str]) -> str:
     args = ", ".join(f'"{a}"' for a in command)
-    return ("name: lat\ntasks:\n  - role: main\n"
-            f"    command: [{args}]\n    resources: {{cpu: 100m, memory: 64Mi}}\n")
+    return (
+        "name: lat\ntasks:\n  - role: main\n"
+        f"    command: [{args}]\n    resources: {{cpu: 100m, memory: 64Mi}}\n"
+    )
 
 
 def sim_spec(duration: float) -> str:
-    return ("name: tput\ntasks:\n  - role: main\n"
-            f"    simulate: {{duration: {duration}s}}\n"
-            "    resources: {cpu: 100m, memory: 64Mi}\n")
+    return (
+        "name: tput\ntasks:\n  - role: main\n"
+        f"    simulate: {{duration: {duration}s}}\n"
+        "    resources: {cpu: 100m, memory: 64Mi}\n"
+    )
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench api", description=__doc__.split("\n")[0])
     p.add_argument("--jobs", type=int, default=200, help="measured sequential jobs")
     p.add_argument("--warmup", type=int, default=10, help="sequential jobs not measured")
-    p.add_argument("--command", default="sleep 0.2",
-                   help="the latency jobs' argv (split on spaces)")
+    p.add_argument(
+        "--command", default="sleep 0.2", help="the latency jobs' argv (split on spaces)"
+    )
     p.add_argument("--echo", type=int, default=1000, help="sequential echo round trips")
     p.add_argument("--concurrency", default="1,16,64", help="in-flight submits, comma separated")
     p.add_argument("--window", type=float, default=10.0, help="seconds per throughput window")
@@ -89,15 +94,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> dict:
     args = parse(argv)
-    if args.state_dir:
-        return _main(args, Path(args.state_dir))
-    with tempfile.TemporaryDirectory(prefix="mesh-bench-api-") as tmp:
-        return _main(args, Path(tmp))
+    return with_state_dir(args.state_dir, "mesh-bench-api-", lambda d: _main(args, d))
 
 
 def _main(args: argparse.Namespace, state_dir: Path) -> dict:
-    mesh = LocalMesh(LocalMeshConfig(state_dir=state_dir, region=REGION, candidates=2,
-                                     real_agent=True, port=0))
+    mesh = LocalMesh(
+        LocalMeshConfig(state_dir=state_dir, region=REGION, candidates=2, real_agent=True, port=0)
+    )
     echo = None
     pids: list[int] = []
     try:
@@ -120,8 +123,10 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, pids: list[int]) -> di
     t0 = time.monotonic()
     load_start = loadavg()
     info = await mesh.wait_ready()
-    print(f"{machine()}, load {load_start}; mesh ready in {time.monotonic() - t0:.1f}s: "
-          f"{mesh.url}, leader {info['leader']}, nodes {info['nodes']}")
+    print(
+        f"{machine()}, load {load_start}; mesh ready in {time.monotonic() - t0:.1f}s: "
+        f"{mesh.url}, leader {info['leader']}, nodes {info['nodes']}"
+    )
     nc = await connect(mesh.url, name="bench-api")
     client = MeshClient(nc, REGION, timeout=10.0)
     watcher = LogWatcher(nc.jetstream(timeout=5.0), REGION)
@@ -151,10 +156,17 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, pids: list[int]) -> di
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
         "loadavg_1m": {"start": load_start, "end": loadavg()},
-        "params": {"jobs": args.jobs, "warmup": args.warmup, "command": args.command,
-                   "echo": args.echo, "levels": args.levels, "window_s": args.window,
-                   "sim_nodes": args.sim_nodes, "sim_duration_s": args.sim_duration,
-                   "candidates": 2},
+        "params": {
+            "jobs": args.jobs,
+            "warmup": args.warmup,
+            "command": args.command,
+            "echo": args.echo,
+            "levels": args.levels,
+            "window_s": args.window,
+            "sim_nodes": args.sim_nodes,
+            "sim_duration_s": args.sim_duration,
+            "candidates": 2,
+        },
         "submit_to_running_ms": run,
         "submit_ack_ms": ack,
         "stages_ms": lat["stages_ms"],
@@ -197,8 +209,9 @@ POINTS = (
 )
 
 
-async def _latency(client: MeshClient, watcher: LogWatcher, spec: str,
-                   args: argparse.Namespace) -> dict:
+async def _latency(
+    client: MeshClient, watcher: LogWatcher, spec: str, args: argparse.Namespace
+) -> dict:
     runs, acks, timeouts = [], [], 0
     segments: dict[str, list[float]] = {}
     for i in range(args.warmup + args.jobs):
@@ -241,8 +254,15 @@ async def _wait_nodes(client: MeshClient, want: int, timeout: float = 30.0) -> N
     raise TimeoutError(f"fewer than {want} nodes ready after {timeout}s")
 
 
-async def _throughput(args, mesh: LocalMesh, client: MeshClient, nc, watcher: LogWatcher,
-                      payload: bytes, pids: list[int]) -> list[dict]:
+async def _throughput(
+    args,
+    mesh: LocalMesh,
+    client: MeshClient,
+    nc,
+    watcher: LogWatcher,
+    payload: bytes,
+    pids: list[int],
+) -> list[dict]:
     if not args.levels:
         return []
     # Hollow nodes only now, so the latency phase ran on the plain region; spawned the
@@ -251,9 +271,14 @@ async def _throughput(args, mesh: LocalMesh, client: MeshClient, nc, watcher: Lo
     pids.append(hollow.pid)
     await _wait_nodes(client, 1 + args.sim_nodes)
     leader = (await client.cluster_info())["leader"]
-    procs = {"bench": os.getpid(), "nats-server": mesh.server.proc.pid,
-             **{("leader" if n == leader else "follower" if n.startswith("coord") else n): p.pid
-                for n, p in mesh.children.items()}}
+    procs = {
+        "bench": os.getpid(),
+        "nats-server": mesh.server.proc.pid,
+        **{
+            ("leader" if n == leader else "follower" if n.startswith("coord") else n): p.pid
+            for n, p in mesh.children.items()
+        },
+    }
     spec = sim_spec(args.sim_duration)
     out = []
     for level in args.levels:
@@ -267,22 +292,30 @@ async def _throughput(args, mesh: LocalMesh, client: MeshClient, nc, watcher: Lo
         n = watcher.submit_entries - entries
         r["submits_per_log_entry"] = round((watcher.submit_events - events) / n, 2) if n else None
         echo = await _echo_window(nc, payload, level, args.window / 2)
-        r.update({
-            "concurrency": level,
-            "baseline_echo_per_s": echo["per_s"],
-            "baseline_echo_ms": echo["latency_ms"],
-            "ratio_echo_per_s_over_acks_per_s": ratio(echo["per_s"], r["acks_per_s"]),
-            **drained,
-        })
+        r.update(
+            {
+                "concurrency": level,
+                "baseline_echo_per_s": echo["per_s"],
+                "baseline_echo_ms": echo["latency_ms"],
+                "ratio_echo_per_s_over_acks_per_s": ratio(echo["per_s"], r["acks_per_s"]),
+                **drained,
+            }
+        )
         out.append(r)
-        print(f"throughput @{level:3} in flight: {r['acks_per_s']:8.1f} acks/s "
-              f"(echo {echo['per_s']:8.1f}/s, x{r['ratio_echo_per_s_over_acks_per_s']}); "
-              f"ack {fmt_ms(r['ack_latency_ms'])}; errors {r['errors']}")
-        print("   % of one core in the window, CPU / waiting for a CPU: " + ", ".join(
-            f"{n} {c['cpu']}/{c['runq_wait']}" for n, c in r["cpu_percent"].items())
-            + f"; load {r['loadavg_1m']}; submits per log entry {r['submits_per_log_entry']}")
-        print(f"   all {r['acked']} acked jobs ended {drained['drain_s']}s after the window "
-              f"(not ended: {drained['not_ended']}, not in log: {drained['not_in_log']})")
+        print(
+            f"throughput @{level:3} in flight: {r['acks_per_s']:8.1f} acks/s "
+            f"(echo {echo['per_s']:8.1f}/s, x{r['ratio_echo_per_s_over_acks_per_s']}); "
+            f"ack {fmt_ms(r['ack_latency_ms'])}; errors {r['errors']}"
+        )
+        print(
+            "   % of one core in the window, CPU / waiting for a CPU: "
+            + ", ".join(f"{n} {c['cpu']}/{c['runq_wait']}" for n, c in r["cpu_percent"].items())
+            + f"; load {r['loadavg_1m']}; submits per log entry {r['submits_per_log_entry']}"
+        )
+        print(
+            f"   all {r['acked']} acked jobs ended {drained['drain_s']}s after the window "
+            f"(not ended: {drained['not_ended']}, not in log: {drained['not_in_log']})"
+        )
     return out
 
 
@@ -306,9 +339,14 @@ async def _submit_window(client: MeshClient, spec: str, level: int, window: floa
 
     await asyncio.gather(*(worker() for _ in range(level)))
     elapsed = time.perf_counter() - t_start
-    return {"acked": len(ids), "errors": errors, "elapsed_s": round(elapsed, 2),
-            "acks_per_s": round(len(ids) / elapsed, 1), "ack_latency_ms": summary_ms(lat),
-            "job_ids": ids}
+    return {
+        "acked": len(ids),
+        "errors": errors,
+        "elapsed_s": round(elapsed, 2),
+        "acks_per_s": round(len(ids) / elapsed, 1),
+        "ack_latency_ms": summary_ms(lat),
+        "job_ids": ids,
+    }
 
 
 async def _drain(watcher: LogWatcher, ids: list[str], timeout: float) -> dict:
@@ -320,8 +358,11 @@ async def _drain(watcher: LogWatcher, ids: list[str], timeout: float) -> dict:
             break
         await asyncio.sleep(0.1)
     not_ended = sum(1 for j in ids if not any(s in watcher.stages.get(j, ()) for s in ENDED))
-    return {"drain_s": round(time.perf_counter() - t0, 2), "not_ended": not_ended,
-            "not_in_log": sum(1 for j in ids if "SUBMITTED" not in watcher.stages.get(j, ()))}
+    return {
+        "drain_s": round(time.perf_counter() - t0, 2),
+        "not_ended": not_ended,
+        "not_in_log": sum(1 for j in ids if "SUBMITTED" not in watcher.stages.get(j, ())),
+    }
 
 
 async def _echo_window(nc, payload: bytes, level: int, window: float) -> dict:

@@ -29,7 +29,6 @@ import datetime
 import json
 import random
 import signal
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -46,6 +45,7 @@ from bench._util import (
     stop_process,
     summary_ms,
     survivors,
+    with_state_dir,
 )
 from mesh import subjects
 from mesh.client import MeshClient
@@ -54,22 +54,28 @@ from mesh.schema import ApiError, ErrorCode, SubmitRequest
 from mesh.server import EmbeddedServer, ServerConfig
 
 REGION = "bench"
-SPEC = ("name: fo\ntasks:\n  - role: main\n    simulate: {duration: 0.2s}\n"
-        "    resources: {cpu: 100m, memory: 64Mi}\n")
+SPEC = (
+    "name: fo\ntasks:\n  - role: main\n    simulate: {duration: 0.2s}\n"
+    "    resources: {cpu: 100m, memory: 64Mi}\n"
+)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench failover",
-                                description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench failover", description=__doc__.split("\n")[0])
     p.add_argument("--kills", type=int, default=10)
     p.add_argument("--candidates", type=int, default=2)
     p.add_argument("--lease-ttl", type=float, default=2.0)
     p.add_argument("--sim-nodes", type=int, default=2, help="hollow nodes running the jobs")
-    p.add_argument("--pause", type=float, default=0.02,
-                   help="seconds between the background client's submits")
-    p.add_argument("--probe-timeout", type=float, default=0.5,
-                   help="the probe's request timeout, s (short: a request lost with the "
-                   "killed leader costs the measurement little)")
+    p.add_argument(
+        "--pause", type=float, default=0.02, help="seconds between the background client's submits"
+    )
+    p.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=0.5,
+        help="the probe's request timeout, s (short: a request lost with the "
+        "killed leader costs the measurement little)",
+    )
     p.add_argument("--quick", action="store_true", help="3 kills")
     p.add_argument("--state-dir", help="keep state and logs here (default: a temp dir)")
     args = p.parse_args(argv)
@@ -95,14 +101,24 @@ class Region:
         for i in range(1, self.args.candidates + 1):
             self.start_candidate(f"c{i}")
         if self.args.sim_nodes:
-            self.hollow = spawn(mesh_command(self.server.url, REGION, "agent", "--simulate",
-                                             str(self.args.sim_nodes)),
-                                self.dir / "logs" / "hollow.log")
+            self.hollow = spawn(
+                mesh_command(
+                    self.server.url, REGION, "agent", "--simulate", str(self.args.sim_nodes)
+                ),
+                self.dir / "logs" / "hollow.log",
+            )
             self.pids.append(self.hollow.pid)
 
     def start_candidate(self, cid: str) -> None:
-        cmd = mesh_command(self.server.url, REGION, "coordinator", "--id", cid,
-                           "--lease-ttl", str(self.args.lease_ttl))
+        cmd = mesh_command(
+            self.server.url,
+            REGION,
+            "coordinator",
+            "--id",
+            cid,
+            "--lease-ttl",
+            str(self.args.lease_ttl),
+        )
         proc = spawn(cmd, self.dir / "logs" / f"{cid}.log")
         self.candidates[cid] = proc
         self.pids.append(proc.pid)
@@ -111,8 +127,10 @@ class Region:
         for cid, proc in self.candidates.items():
             if proc.poll() is not None:
                 log = self.dir / "logs" / f"{cid}.log"
-                raise RuntimeError(f"candidate {cid} exited with {proc.returncode}:\n"
-                                   f"{log.read_text(errors='replace')[-2000:]}")
+                raise RuntimeError(
+                    f"candidate {cid} exited with {proc.returncode}:\n"
+                    f"{log.read_text(errors='replace')[-2000:]}"
+                )
 
     def stop(self) -> list[int]:
         stop_process(self.hollow)
@@ -124,10 +142,7 @@ class Region:
 
 def main(argv: list[str]) -> dict:
     args = parse(argv)
-    if args.state_dir:
-        return _main(args, Path(args.state_dir))
-    with tempfile.TemporaryDirectory(prefix="mesh-bench-failover-") as tmp:
-        return _main(args, Path(tmp))
+    return with_state_dir(args.state_dir, "mesh-bench-failover-", lambda d: _main(args, d))
 
 
 def _main(args: argparse.Namespace, state_dir: Path) -> dict:
@@ -172,10 +187,10 @@ class Submitter:
     def __init__(self, client: MeshClient, pause: float) -> None:
         self.client = client
         self.pause = pause
-        self.acked: dict[str, str] = {}     # job_id -> client_id
-        self.gave_up = 0                    # submits never acknowledged (not lost: never acked)
+        self.acked: dict[str, str] = {}  # job_id -> client_id
+        self.gave_up = 0  # submits never acknowledged (not lost: never acked)
         self.stopping = False
-        self.started: float | None = None   # perf_counter start of the submit in flight
+        self.started: float | None = None  # perf_counter start of the submit in flight
         self.done: list[tuple[float, float]] = []  # (start, end) of every submit
 
     async def run(self) -> None:
@@ -193,8 +208,7 @@ class Submitter:
 
     def around(self, t: float) -> float | None:
         """How long the submit in flight at `t` took (from its first try to its ack)."""
-        return next((round(end - start, 3) for start, end in self.done if start <= t <= end),
-                    None)
+        return next((round(end - start, 3) for start, end in self.done if start <= t <= end), None)
 
 
 async def probe_write(client: MeshClient, probes: dict[str, str]) -> tuple[float, int, int]:
@@ -248,8 +262,10 @@ async def _run(args: argparse.Namespace, region: Region) -> dict:
         t0 = time.monotonic()
         await wait_stable(nc, client, region)
         await watcher.start(DeliverPolicy.ALL)  # the candidates made the streams by now
-        print(f"{machine()}, load {load_start}; {args.candidates} candidates up in "
-              f"{time.monotonic() - t0:.1f}s on {region.server.url}; lease TTL {args.lease_ttl}s")
+        print(
+            f"{machine()}, load {load_start}; {args.candidates} candidates up in "
+            f"{time.monotonic() - t0:.1f}s on {region.server.url}; lease TTL {args.lease_ttl}s"
+        )
         submitter = Submitter(client, args.pause)
         sub_task = asyncio.create_task(submitter.run())
         probes: dict[str, str] = {}
@@ -264,33 +280,46 @@ async def _run(args: argparse.Namespace, region: Region) -> dict:
             proc.send_signal(signal.SIGKILL)
             t_ack, refused, unanswered = await probe_write(prober, probes)
             failover = t_ack - t_kill
-            elected = next((t for t, who, _ in watcher.elections[elections:] if who != leader),
-                           None)
+            elected = next(
+                (t for t, who, _ in watcher.elections[elections:] if who != leader), None
+            )
             new_leader = (await client.cluster_info())["leader"]
             proc.wait()
             t_restart = time.perf_counter()
             region.start_candidate(leader)
             await wait_stable(nc, client, region)
-            r = {"killed": leader, "new_leader": new_leader, "failover_s": round(failover, 3),
-                 "elected_s": round(elected - t_kill, 3) if elected else None,
-                 "refused_probes": refused, "unanswered_probes": unanswered,
-                 "background_submit_at_kill_s": None,
-                 "restart_to_serving_s": round(time.perf_counter() - t_restart, 2)}
+            r = {
+                "killed": leader,
+                "new_leader": new_leader,
+                "failover_s": round(failover, 3),
+                "elected_s": round(elected - t_kill, 3) if elected else None,
+                "refused_probes": refused,
+                "unanswered_probes": unanswered,
+                "background_submit_at_kill_s": None,
+                "restart_to_serving_s": round(time.perf_counter() - t_restart, 2),
+            }
             rounds.append(r)
             pending.append((r, t_kill))
-            print(f"kill {k + 1:2}/{args.kills}: {leader} -> {new_leader}: first write acked "
-                  f"{failover:.3f}s after the kill (elected at {r['elected_s']}s, "
-                  f"{refused} refused, {unanswered} unanswered in {prober.timeout}s); "
-                  f"restarted {leader} serving in "
-                  f"{r['restart_to_serving_s']}s")
+            print(
+                f"kill {k + 1:2}/{args.kills}: {leader} -> {new_leader}: first write acked "
+                f"{failover:.3f}s after the kill (elected at {r['elected_s']}s, "
+                f"{refused} refused, {unanswered} unanswered in {prober.timeout}s); "
+                f"restarted {leader} serving in "
+                f"{r['restart_to_serving_s']}s"
+            )
         submitter.stopping = True
         await sub_task
         sub_task = None
         for i, (r, t_kill) in enumerate(pending):
             took = r["background_submit_at_kill_s"] = submitter.around(t_kill)
-            print(f"  kill {i + 1}: " + (f"the background submit in flight at the kill took "
-                                         f"{took}s" if took is not None else
-                                         "no background submit was in flight at the kill"))
+            print(
+                f"  kill {i + 1}: "
+                + (
+                    f"the background submit in flight at the kill took {took}s"
+                    if took is not None
+                    else "no background submit was in flight at the kill"
+                )
+            )
         lost, checked = await _verify(client, {**submitter.acked, **probes})
         info = await client.cluster_info()
     finally:
@@ -305,27 +334,44 @@ async def _run(args: argparse.Namespace, region: Region) -> dict:
     same = sum(1 for r in rounds if r["new_leader"] == r["killed"])
     # Elected, yet no write acknowledged for over a second more: the new leader was not
     # serving writes although it held the lease.
-    stalled = [r for r in rounds if r["elected_s"] is not None
-               and r["failover_s"] - r["elected_s"] > 1.0]
+    stalled = [
+        r for r in rounds if r["elected_s"] is not None and r["failover_s"] - r["elected_s"] > 1.0
+    ]
     clean = summary_ms([r["failover_s"] for r in rounds if r not in stalled])
-    print(f"failover (kill -> first acked write): "
-          f"p50 {fo['p50'] / 1000:.3f}s p99 {fo['p99'] / 1000:.3f}s max {fo['max'] / 1000:.3f}s")
-    print(f"  of which kill -> LeaderElected on the log: p50 {el['p50'] / 1000:.3f}s "
-          f"p99 {el['p99'] / 1000:.3f}s")
-    print(f"  rounds where the new leader, elected, acknowledged no write for > 1 s more: "
-          f"{len(stalled)} of {len(rounds)}" + (
-              f"; the other rounds: p50 {clean['p50'] / 1000:.3f}s max "
-              f"{clean['max'] / 1000:.3f}s" if clean.get("n") else ""))
-    print(f"acknowledged jobs: {checked} (background {len(submitter.acked)}, probes "
-          f"{len(probes)}); lost: {lost}; never acknowledged: {submitter.gave_up}; "
-          f"jobs in region: {sum(info['jobs'].values())}")
+    print(
+        f"failover (kill -> first acked write): "
+        f"p50 {fo['p50'] / 1000:.3f}s p99 {fo['p99'] / 1000:.3f}s max {fo['max'] / 1000:.3f}s"
+    )
+    print(
+        f"  of which kill -> LeaderElected on the log: p50 {el['p50'] / 1000:.3f}s "
+        f"p99 {el['p99'] / 1000:.3f}s"
+    )
+    print(
+        f"  rounds where the new leader, elected, acknowledged no write for > 1 s more: "
+        f"{len(stalled)} of {len(rounds)}"
+        + (
+            f"; the other rounds: p50 {clean['p50'] / 1000:.3f}s max {clean['max'] / 1000:.3f}s"
+            if clean.get("n")
+            else ""
+        )
+    )
+    print(
+        f"acknowledged jobs: {checked} (background {len(submitter.acked)}, probes "
+        f"{len(probes)}); lost: {lost}; never acknowledged: {submitter.gave_up}; "
+        f"jobs in region: {sum(info['jobs'].values())}"
+    )
     return {
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
         "loadavg_1m": {"start": load_start, "end": loadavg()},
-        "params": {"kills": args.kills, "candidates": args.candidates,
-                   "lease_ttl_s": args.lease_ttl, "sim_nodes": args.sim_nodes,
-                   "pause_s": args.pause, "probe_timeout_s": args.probe_timeout},
+        "params": {
+            "kills": args.kills,
+            "candidates": args.candidates,
+            "lease_ttl_s": args.lease_ttl,
+            "sim_nodes": args.sim_nodes,
+            "pause_s": args.pause,
+            "probe_timeout_s": args.probe_timeout,
+        },
         "failover_ms": fo,
         "kill_to_elected_ms": el,
         "stalled_rounds": len(stalled),
@@ -337,8 +383,10 @@ async def _run(args: argparse.Namespace, region: Region) -> dict:
         "never_acked": submitter.gave_up,
         "jobs_in_region": sum(info["jobs"].values()),
         "log_entries_seen": watcher.entries,
-        "targets": {"failover_p99_le_3s": bool(fo.get("p99", 1e9) <= 3000.0),
-                    "lost_eq_0": lost == 0},
+        "targets": {
+            "failover_p99_le_3s": bool(fo.get("p99", 1e9) <= 3000.0),
+            "lost_eq_0": lost == 0,
+        },
     }
 
 
@@ -357,6 +405,6 @@ async def _verify(client: MeshClient, acked: dict[str, str]) -> tuple[int, int]:
         return job["job_id"] == job_id
 
     for i in range(0, len(ids), 32):
-        found = await asyncio.gather(*(check(j) for j in ids[i:i + 32]))
+        found = await asyncio.gather(*(check(j) for j in ids[i : i + 32]))
         lost += found.count(False)
     return lost, len(ids)

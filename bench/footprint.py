@@ -25,11 +25,18 @@ import asyncio
 import datetime
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench._util import loadavg, machine, ratio, sample_processes, stop_process, survivors
+from bench._util import (
+    loadavg,
+    machine,
+    ratio,
+    sample_processes,
+    stop_process,
+    survivors,
+    with_state_dir,
+)
 from mesh import subjects
 from mesh.cli.launcher import LocalMesh, LocalMeshConfig
 from mesh.client import MeshClient
@@ -51,8 +58,9 @@ asyncio.run(main())
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench footprint",
-                                description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench footprint", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--seconds", type=float, default=30.0, help="sampling window")
     p.add_argument("--settle", type=float, default=5.0, help="idle seconds before sampling")
     p.add_argument("--quick", action="store_true", help="10 s window, 3 s settle")
@@ -65,21 +73,23 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> dict:
     args = parse(argv)
-    if args.state_dir:
-        return _main(args, Path(args.state_dir))
-    with tempfile.TemporaryDirectory(prefix="mesh-bench-footprint-") as tmp:
-        return _main(args, Path(tmp))
+    return with_state_dir(args.state_dir, "mesh-bench-footprint-", lambda d: _main(args, d))
 
 
 def _bare(url: str, size: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", BARE_CLIENT, url, str(size)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", BARE_CLIENT, url, str(size)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _main(args: argparse.Namespace, state_dir: Path) -> dict:
-    mesh = LocalMesh(LocalMeshConfig(state_dir=state_dir, region=REGION, candidates=2,
-                                     real_agent=True, port=0))
+    mesh = LocalMesh(
+        LocalMeshConfig(state_dir=state_dir, region=REGION, candidates=2, real_agent=True, port=0)
+    )
     bare: list[subprocess.Popen[bytes]] = []
     pids: list[int] = []
     try:
@@ -114,16 +124,19 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, bare: list) -> dict:
     finally:
         await close_quietly(nc)
     bare += [_bare(mesh.url, 0), _bare(mesh.url, size)]
-    print(f"{machine()}, load {load_start}; mesh ready (leader {leader}, nodes {info['nodes']}); "
-          f"agent state message {size} B; settling {args.settle}s, sampling {args.seconds}s")
+    print(
+        f"{machine()}, load {load_start}; mesh ready (leader {leader}, nodes {info['nodes']}); "
+        f"agent state message {size} B; settling {args.settle}s, sampling {args.seconds}s"
+    )
     await asyncio.sleep(args.settle)
     procs = {
         "agent": mesh.children["agent"].pid,
         "baseline_idle": bare[0].pid,
         "baseline_publisher": bare[1].pid,
         "leader": mesh.children[leader].pid,
-        "follower": next(p.pid for n, p in mesh.children.items()
-                         if n.startswith("coordinator") and n != leader),
+        "follower": next(
+            p.pid for n, p in mesh.children.items() if n.startswith("coordinator") and n != leader
+        ),
         "nats-server": mesh.server.proc.pid,
     }
     t0 = time.monotonic()
@@ -131,16 +144,22 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, bare: list) -> dict:
     mesh.check_children()
     out = {n: s.as_dict() for n, s in samples.items()}
     for n, d in out.items():
-        print(f"{n:19} CPU {d['cpu_percent']:6.3f}% of one core  RSS max {d['rss_mib_max']:7.2f} "
-              f"MiB (mean {d['rss_mib_mean']:.2f}, USS max {d['uss_mib_max']:.2f})")
+        print(
+            f"{n:19} CPU {d['cpu_percent']:6.3f}% of one core  RSS max {d['rss_mib_max']:7.2f} "
+            f"MiB (mean {d['rss_mib_mean']:.2f}, USS max {d['uss_mib_max']:.2f})"
+        )
     agent, base, pub = out["agent"], out["baseline_idle"], out["baseline_publisher"]
     mib = 1024 * 1024
     return {
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
         "loadavg_1m": {"start": load_start, "end": loadavg()},
-        "params": {"seconds": round(time.monotonic() - t0, 1), "settle_s": args.settle,
-                   "heartbeat_s": 1.0, "state_message_bytes": size},
+        "params": {
+            "seconds": round(time.monotonic() - t0, 1),
+            "settle_s": args.settle,
+            "heartbeat_s": 1.0,
+            "state_message_bytes": size,
+        },
         "processes": out,
         "agent_rss_mib": agent["rss_mib_max"],
         "agent_rss_mb": round(agent["rss_mib_max"] * mib / 1e6, 2),
@@ -151,7 +170,10 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, bare: list) -> dict:
         "agent_minus_idle_client": {
             "rss_mib": round(agent["rss_mib_max"] - base["rss_mib_max"], 2),
             "uss_mib": round(agent["uss_mib_max"] - base["uss_mib_max"], 2),
-            "cpu_percent": round(agent["cpu_percent"] - base["cpu_percent"], 3)},
-        "targets": {"agent_rss_le_60mb": bool(agent["rss_mib_max"] * mib <= 60e6),
-                    "agent_cpu_le_1pct": bool(agent["cpu_percent"] <= 1.0)},
+            "cpu_percent": round(agent["cpu_percent"] - base["cpu_percent"], 3),
+        },
+        "targets": {
+            "agent_rss_le_60mb": bool(agent["rss_mib_max"] * mib <= 60e6),
+            "agent_cpu_le_1pct": bool(agent["cpu_percent"] <= 1.0),
+        },
     }
