@@ -70,6 +70,7 @@ _MAX_TASK_ID = 1024
 _LOG_TAIL = 2048
 _SAME_START_S = 1e-3  # create_time of one process never differs by more between reads
 _STREAMS = ("stdout", "stderr")
+_MAX_REASON = 1024
 _Marker = Literal["kill", "timeout"]
 
 LimitMode = Literal["cgroup", "rlimit", "none"]
@@ -116,6 +117,7 @@ class ExitStatus:
     killed: bool  # we killed it (kill() or max run time)
     timed_out: bool  # max_run_time_s exceeded
     log_tail: str  # last ~2 KiB of stderr, else stdout
+    reason: str = ""  # why the agent killed it when it gave one (e.g. the GPU watchdog)
 
 
 @dataclass(frozen=True, slots=True)
@@ -751,6 +753,16 @@ class ProcessExecutor:
         start = process_start_time(handle.pid)
         return start is None or _same_start(start, handle.start_time)
 
+    def processes(self, handle: ProcessHandle) -> frozenset[int]:
+        """The task's live pids: its session and process group, plus its cgroup.
+
+        For whoever must tell the task's processes from others' (the GPU
+        watchdog matching NVML's pids); the agent's own pid is never among them.
+        """
+        meta = _read_meta(Path(handle.task_dir))
+        cgroup_dirs = tuple(Path(p) for p in meta.cgroups) if meta is not None else ()
+        return frozenset(self._members(handle, cgroup_dirs))
+
     def _members(self, handle: ProcessHandle, cgroup_dirs: tuple[Path, ...]) -> set[int]:
         pids = set(_Cgroups.members(cgroup_dirs))
         if self._session_is_ours(handle):
@@ -897,7 +909,7 @@ class ProcessExecutor:
                 sig = -returncode
             else:
                 exit_code = returncode
-        marker = _read_marker(task_dir)
+        marker, reason = _read_marker(task_dir)
         stderr = _read_tail(task_dir / "stderr.log", _LOG_TAIL)
         tail = _decode_tail(stderr or _read_tail(task_dir / "stdout.log", _LOG_TAIL))
         if (
@@ -912,12 +924,17 @@ class ProcessExecutor:
             killed=marker is not None,
             timed_out=marker == "timeout",
             log_tail=tail,
+            reason=reason,
         )
 
     # ------------------------------------------------------------------ kill
 
-    async def kill(self, handle: ProcessHandle, grace_s: float = 5.0) -> None:
+    async def kill(self, handle: ProcessHandle, grace_s: float = 5.0, *, reason: str = "") -> None:
         """SIGTERM the task's processes (group, session, cgroup), SIGKILL after ``grace_s``.
+
+        ``reason`` (kept with the kill marker, so it survives an agent restart)
+        comes back in ``ExitStatus.reason``: a kill the agent decided on, not the
+        user, must tell the user why. The first recorded reason wins.
 
         The wrapper itself is spared the SIGTERM so it can record how the
         command ended; a process that appears during the grace (forked late,
@@ -928,7 +945,7 @@ class ProcessExecutor:
         meta = _read_meta(task_dir)
         cgroup_dirs = tuple(Path(p) for p in meta.cgroups) if meta is not None else ()
         if _read_exit(task_dir) is None and self._alive(handle.pid, handle.start_time, meta):
-            _mark(task_dir, "kill")
+            _mark(task_dir, "kill", reason)
         loop = asyncio.get_running_loop()
         end = loop.time() + max(0.0, grace_s)
         termed: set[int] = {handle.pid}
@@ -1000,21 +1017,28 @@ def _read_exit(task_dir: Path) -> int | None:
     return rc if 0 <= rc <= 255 else None
 
 
-def _mark(task_dir: Path, marker: _Marker) -> None:
-    """Record that the agent is killing the task, unless a reason is already recorded."""
+def _mark(task_dir: Path, marker: _Marker, reason: str = "") -> None:
+    """Record that the agent is killing the task, unless a reason is already recorded.
+
+    The marker is the first line; a reason, if any, the rest of the file.
+    """
+    text = marker + ("\n" + reason[:_MAX_REASON] if reason else "")
     with contextlib.suppress(FileExistsError, FileNotFoundError):
         fd = os.open(task_dir / "killed", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.write(fd, marker.encode())
+            os.write(fd, text.encode("utf-8", errors="replace"))
         finally:
             os.close(fd)
 
 
-def _read_marker(task_dir: Path) -> _Marker | None:
-    data = _read_small(task_dir / "killed", 16)
+def _read_marker(task_dir: Path) -> tuple[_Marker | None, str]:
+    """The kill marker (None if the agent never killed the task) and its reason."""
+    data = _read_small(task_dir / "killed", 16 + 4 * _MAX_REASON)
     if data is None:
-        return None
-    return "timeout" if data.strip() == b"timeout" else "kill"
+        return None, ""
+    first, _, rest = data.partition(b"\n")
+    marker: _Marker = "timeout" if first.strip() == b"timeout" else "kill"
+    return marker, rest.decode("utf-8", errors="replace").strip()
 
 
 def _write_meta(task_dir: Path, meta: _Meta) -> None:

@@ -50,6 +50,7 @@ class GpuInfo:
     memory_used: int  # bytes
     utilization: int  # percent of time a kernel ran over NVML's last sample period
     processes: tuple[GpuProcess, ...] = ()
+    mig_enabled: bool = False  # MIG mode is on: the GPU is (or can be) cut into hardware slices
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +144,7 @@ class GpuProbe:
         model = "unknown"
         memory_total = memory_used = utilization = 0
         processes: tuple[GpuProcess, ...] = ()
+        mig_enabled = False
         try:
             model = _text(nvml.nvmlDeviceGetName(handle))
         except nvml_errors as exc:
@@ -163,6 +165,12 @@ class GpuProbe:
             )
         except nvml_errors as exc:
             errors.append(f"gpu {index} processes: {exc}")
+        try:
+            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+            mig_enabled = current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)
+        except nvml_errors as exc:
+            if not _not_supported(nvml, exc):  # a GPU without MIG says NOT_SUPPORTED: no error
+                errors.append(f"gpu {index} mig mode: {exc}")
         return GpuInfo(
             index=index,
             uuid=uuid,
@@ -171,7 +179,44 @@ class GpuProbe:
             memory_used=memory_used,
             utilization=utilization,
             processes=processes,
+            mig_enabled=mig_enabled,
         )
+
+    def process_memory(self) -> dict[str, dict[int, int]]:
+        """GPU memory each compute process holds, per GPU uuid: {uuid: {pid: bytes}}.
+
+        Only what the GPU watchdog needs, so a poll costs one NVML call per
+        device. Pids are as NVML sees them (the host's pid namespace). A device
+        NVML refuses is left out and named in ``error``; {} when NVML is not open.
+        """
+        nvml = self._nvml
+        if nvml is None:
+            return {}
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except self._errors as exc:
+            self.error = f"nvmlDeviceGetCount: {exc}"
+            return {}
+        usage: dict[str, dict[int, int]] = {}
+        errors: list[str] = []
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except self._errors as exc:
+                errors.append(f"gpu {index} processes: {exc}")
+                continue
+            held: dict[int, int] = {}
+            for p in procs:
+                # The larger of repeated entries, not their sum: a process listed twice
+                # must not look twice as big and be killed for it.
+                pid = int(p.pid)
+                held[pid] = max(held.get(pid, 0), int(p.usedGpuMemory or 0))
+            usage[uuid] = held
+        if errors:
+            self.error = "; ".join(errors)
+        return usage
 
     def close(self) -> None:
         """Shut NVML down; safe to call twice or when never opened."""
@@ -181,6 +226,10 @@ class GpuProbe:
                 nvml.nvmlShutdown()
             except self._errors as exc:
                 self.error = f"nvmlShutdown: {exc}"
+
+
+def _not_supported(nvml: Any, exc: BaseException) -> bool:
+    return getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3)
 
 
 def _busy_and_total(times: Any) -> tuple[float, float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import socket
 import time
@@ -17,8 +18,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.executor import ExecError, ExecSpec, ExitStatus, ProcessExecutor, ProcessHandle
+from agent.gpu import (
+    NO_GPU,
+    GpuGrant,
+    GpuGrantError,
+    GpuWatchdog,
+    Overuse,
+    WatchedTask,
+    enforcement,
+    gpu_grant,
+    mps_daemon_up,
+    mps_pipe_dir,
+    task_env,
+)
 from agent.link import AssignmentFeed, publish_event
-from agent.probe import GpuProbe, HostProbe, HostSample
+from agent.probe import GpuInfo, GpuProbe, HostProbe, HostSample
 from agent.store import TaskRecord, TaskStore
 from mesh import subjects
 from mesh.codec import WireError, decode, encode
@@ -41,6 +55,8 @@ from workloads.lifecycle import TaskState
 log = logging.getLogger("mesh.agent")
 
 ENDED_HERE = frozenset({"SUCCEEDED", "FAILED", "KILLED"})
+# A task over its GPU memory grant is hurting its neighbours now: a short grace only.
+GPU_EVICT_GRACE_S = 1.0
 
 
 def default_node_id() -> str:
@@ -60,10 +76,14 @@ class AgentConfig:
     run_as: str | None = None
     limits: str = "auto"
     kill_grace_s: float = 5.0
+    gpu_watchdog_s: float = 1.0  # poll period of the GPU memory watchdog
 
 
 class Agent:
-    def __init__(self, config: AgentConfig) -> None:
+    """``gpu_probe``: where GPUs and their per-process memory come from (NVML by default;
+    tests hand in a stand-in, as no GPU is needed to test what the agent does with one)."""
+
+    def __init__(self, config: AgentConfig, *, gpu_probe: GpuProbe | None = None) -> None:
         self.config = config
         self.region = subjects.token(config.region, "region")
         self.node_id = subjects.token(config.node_id, "node id")
@@ -76,6 +96,13 @@ class Agent:
         self._monitors: set[asyncio.Task[None]] = set()
         self._report_lock = asyncio.Lock()
         self.nc = None
+        self.gpus = gpu_probe if gpu_probe is not None else GpuProbe()
+        # What each GPU gets (uuid -> "mig"/"mps"/"watchdog"/"none"), as of the last sample.
+        self.gpu_enforcement: dict[str, str] = {}
+        self._mps_dir = mps_pipe_dir(os.environ)
+        # Grants of running tasks; a task whose grant could not be read is absent (unwatched).
+        self._gpu_grants: dict[tuple[str, int], GpuGrant] = {}
+        self.watchdog: GpuWatchdog | None = None
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -86,13 +113,24 @@ class Agent:
         self.executor = ProcessExecutor(
             self.data_dir / "tasks", run_as=self.config.run_as, limits=self.config.limits
         )
-        self.gpus = GpuProbe()
         self.gpus.open()
         self.probe = HostProbe(self.data_dir, self.gpus)
+        self._assess_gpus(self.gpus.sample())  # before _readopt may launch a task
         self.nc = await connect(self.config.nats_url, name=f"agent:{self.node_id}")
         self.js = self.nc.jetstream(timeout=5.0)
         await ensure_streams(self.js, self.region)
         await self._readopt()
+        if self.gpus.is_open:
+            # It measures only GPUs that MIG or MPS do not cover, and idles when none is left,
+            # so a daemon that comes or goes later changes what it watches, not whether it runs.
+            self.watchdog = GpuWatchdog(
+                self.gpus.process_memory,
+                self._gpu_tasks,
+                self._gpu_overuse,
+                watched=self._watchdog_gpus,
+                interval_s=self.config.gpu_watchdog_s,
+            )
+            await self.watchdog.start()
         self._logs_sub = await self.nc.subscribe(
             subjects.task_logs(self.region, self.node_id), cb=self._serve_logs
         )
@@ -115,6 +153,9 @@ class Agent:
             await asyncio.sleep(0)
         for task in self._tasks:
             task.cancel()
+        if self.watchdog is not None:
+            await self.watchdog.stop()  # before NVML is shut down under it
+            self.watchdog = None
         if hasattr(self, "feed"):
             await self.feed.stop()
         for task in [*self._tasks, *self._monitors]:
@@ -131,6 +172,7 @@ class Agent:
 
     def node_state(self, sample: HostSample) -> NodeState:
         self.seq += 1
+        levels = self._assess_gpus(sample.gpus)
         gpus = tuple(
             GpuStatus(
                 g.index,
@@ -139,7 +181,7 @@ class Agent:
                 g.memory_total,
                 g.memory_used,
                 max(0, min(100, g.utilization)),
-                "none",
+                levels.get(g.uuid, "none"),
                 tuple(GpuProcessInfo(p.pid, p.used_memory) for p in g.processes[:256]),
             )
             for g in sample.gpus
@@ -168,6 +210,16 @@ class Agent:
             tasks=tuple(f"{t}#{a}" for t, a in self.handles),
             note=self.note,
         )
+
+    def _assess_gpus(self, gpus: tuple[GpuInfo, ...]) -> dict[str, str]:
+        """What each GPU's tasks are held to, judged afresh every sample: an MPS daemon
+        that died must stop being claimed (its clients silently run without limits)."""
+        mps = mps_daemon_up(self._mps_dir) if gpus else False
+        nvml = self.gpus.is_open
+        self.gpu_enforcement = {
+            g.uuid: enforcement(mig_enabled=g.mig_enabled, mps=mps, nvml=nvml) for g in gpus
+        }
+        return self.gpu_enforcement
 
     async def _heartbeat_loop(self) -> None:
         subject = subjects.state(self.region, self.node_id)
@@ -206,10 +258,17 @@ class Agent:
                 "with a command (simulated tasks belong on hollow nodes)",
             )
             return
+        try:
+            grant = gpu_grant(spec.resources.gpu, spec.resources.gpu_memory, spec.gpu_uuids)
+        except GpuGrantError as exc:
+            await self._finish(rec, "FAILED", message=f"refused: {exc}")
+            return
+        env = dict(spec.env)
+        env.update(self._gpu_env(grant))  # after the task's own: a task cannot widen its grant
         exec_spec = ExecSpec(
             task_id=_exec_id(a.task_id, a.attempt),
             argv=spec.argv,
-            env=tuple(sorted(spec.env.items())),
+            env=tuple(sorted(env.items())),
             cwd=spec.workdir,
             cpu_milli=spec.resources.cpu,
             memory_bytes=spec.resources.memory,
@@ -235,7 +294,13 @@ class Agent:
         )
         await starting
         await self._report(rec, self._event(rec, "RUNNING"))
-        self._monitor(rec, handle)
+        self._monitor(rec, handle, grant)
+
+    def _gpu_env(self, grant: GpuGrant) -> dict[str, str]:
+        under_mps = bool(grant.uuids) and all(
+            self.gpu_enforcement.get(u) == "mps" for u in grant.uuids
+        )
+        return task_env(grant, mps_pipe_dir=self._mps_dir if under_mps else None)
 
     def _event(
         self,
@@ -284,8 +349,10 @@ class Agent:
             if await self.store.insert_if_new(rec):
                 await self._finish(rec, "KILLED", message="killed before it started")
 
-    def _monitor(self, rec: TaskRecord, handle: ProcessHandle) -> None:
+    def _monitor(self, rec: TaskRecord, handle: ProcessHandle, grant: GpuGrant | None) -> None:
         self.handles[(rec.task_id, rec.attempt)] = handle
+        if grant is not None:
+            self._gpu_grants[(rec.task_id, rec.attempt)] = grant
         task = asyncio.create_task(self._watch(rec, handle), name=f"task:{rec.task_id}")
         self._monitors.add(task)
         task.add_done_callback(self._monitors.discard)
@@ -294,6 +361,7 @@ class Agent:
         status = await self.executor.wait(handle)
         key = (rec.task_id, rec.attempt)
         self.handles.pop(key, None)
+        self._gpu_grants.pop(key, None)
         self.killing.discard(key)
         state, message = _outcome(status)
         await self._finish(
@@ -304,6 +372,33 @@ class Agent:
             message=message,
             log_tail=status.log_tail,
         )
+
+    # ------------------------------------------------------------ GPU watchdog
+
+    def _watchdog_gpus(self) -> list[str]:
+        return [u for u, level in self.gpu_enforcement.items() if level == "watchdog"]
+
+    def _gpu_tasks(self) -> list[WatchedTask]:
+        """Every running task with a known grant, GPU or not: a task granted no GPU
+        holds no GPU memory, and one that does takes it from tasks that were granted it."""
+        return [
+            WatchedTask(key, grant, self.executor.processes(handle))
+            for key, handle in list(self.handles.items())
+            if (grant := self._gpu_grants.get(key)) is not None
+        ]
+
+    async def _gpu_overuse(self, found: list[Overuse]) -> None:
+        for over in found:
+            key = over.key  # one of self.handles' keys: _gpu_tasks made it so
+            handle = self.handles.get(key)
+            if handle is None or key in self.killing:
+                continue  # ended meanwhile, or already being killed (by anyone)
+            self.killing.add(key)
+            reason = f"killed by the GPU watchdog: {over.message}"
+            log.warning("task %s %s", key, reason)
+            task = asyncio.create_task(self.executor.kill(handle, GPU_EVICT_GRACE_S, reason=reason))
+            self._monitors.add(task)
+            task.add_done_callback(self._monitors.discard)
 
     # ------------------------------------------------------------ reporting
 
@@ -376,7 +471,7 @@ class Agent:
                     log.info("re-adopted %s#%d (pid %d)", rec.task_id, rec.attempt, pid)
                     if rec.state != "RUNNING":
                         await self._transition(rec, "RUNNING")
-                    self._monitor(rec, handle)
+                    self._monitor(rec, handle, _stored_grant(rec))
                     continue
                 await self._finish_later(
                     rec,
@@ -430,9 +525,22 @@ def _exec_id(task_id: str, attempt: int) -> str:
     return f"{task_id}#{attempt}"
 
 
+def _stored_grant(rec: TaskRecord) -> GpuGrant | None:
+    """The GPU grant of a task the agent re-adopts; None (not watched) if unreadable."""
+    try:
+        spec = decode(Assignment, rec.assignment).spec
+        if spec is None:
+            return NO_GPU
+        return gpu_grant(spec.resources.gpu, spec.resources.gpu_memory, spec.gpu_uuids)
+    except (WireError, GpuGrantError):
+        return None
+
+
 def _outcome(status: ExitStatus) -> tuple[str, str]:
     if status.timed_out:
         return "FAILED", "exceeded its max run time and was killed"
+    if status.reason:  # the agent killed it for cause (the GPU watchdog): not a user's kill
+        return "FAILED", status.reason
     if status.killed:
         return "KILLED", "killed"
     if status.exit_code == 0:
