@@ -39,6 +39,7 @@ from mesh.schema import (
     PoolRef,
     PoolsApplied,
     Resources,
+    SubmitManyRequest,
     SubmitRequest,
     error_reply,
     ok,
@@ -60,6 +61,7 @@ ENDPOINTS = (
     "pool.list",
     "pool.get",
     "job.submit",
+    "job.submit_many",
     "job.get",
     "job.list",
     "job.kill",
@@ -67,7 +69,7 @@ ENDPOINTS = (
     "node.get",
     "cluster.info",
 )
-WRITES = frozenset({"job.submit", "job.kill", "pool.apply"})
+WRITES = frozenset({"job.submit", "job.submit_many", "job.kill", "pool.apply"})
 VERSION = "0.1.0"
 
 
@@ -219,6 +221,44 @@ class Api:
 
     async def job_submit(self, data: bytes) -> bytes:
         req = _decode(SubmitRequest, data)
+        spec = self._checked_spec(req)
+        existing = await self._existing(req.client_id)
+        if existing is not None:
+            return ok(job_id=existing, duplicate=True)
+        (job_id,) = await self._submit([(req.client_id, spec)])
+        return ok(job_id=job_id, duplicate=False)
+
+    async def job_submit_many(self, data: bytes) -> bytes:
+        """Each item is checked alone (a bad spec fails that item, with its index); the
+        good ones go to the log in one append."""
+        req = _decode(SubmitManyRequest, data)
+        results: list[dict[str, Any]] = [{} for _ in req.jobs]
+        fresh: list[tuple[int, str, Any]] = []
+        seen: dict[str, int] = {}
+        for i, item in enumerate(req.jobs):
+            try:
+                spec = self._checked_spec(item)
+                if item.client_id in seen:
+                    raise ApiError(
+                        ErrorCode.BAD_REQUEST,
+                        f"client_id: repeats item {seen[item.client_id]} of this request",
+                    )
+                seen[item.client_id] = i
+                existing = await self._existing(item.client_id)
+            except ApiError as exc:
+                results[i] = {"error": {"code": str(exc.code), "message": exc.message}}
+                continue
+            if existing is not None:
+                results[i] = {"job_id": existing, "duplicate": True}
+            else:
+                fresh.append((i, item.client_id, spec))
+        if fresh:
+            job_ids = await self._submit([(cid, spec) for _, cid, spec in fresh])
+            for (i, _, _), job_id in zip(fresh, job_ids, strict=True):
+                results[i] = {"job_id": job_id, "duplicate": False}
+        return ok(results=results)
+
+    def _checked_spec(self, req: SubmitRequest):
         if not req.client_id:
             raise ApiError(
                 ErrorCode.BAD_REQUEST,
@@ -235,28 +275,45 @@ class Api:
                 ErrorCode.INVALID_SPEC,
                 f"pool: {spec.pool} {what}; jobs go to leaf pools (see `mesh pool list`)",
             )
-        existing = state.by_client.get(req.client_id)
-        if existing is None and req.client_id in self._inflight:
-            existing = await asyncio.shield(self._inflight[req.client_id])
-        if existing is not None:
-            return ok(job_id=existing, duplicate=True)
+        return spec
+
+    async def _existing(self, client_id: str) -> str | None:
+        """The job a client id already made (or is making), so a retry makes no second."""
+        existing = self.coord.state.by_client.get(client_id)
+        if existing is None and client_id in self._inflight:
+            existing = await asyncio.shield(self._inflight[client_id])
+        return existing
+
+    async def _submit(self, items: list[tuple[str, Any]]) -> list[str]:
         leader = self._leader()
-        job_id = f"{spec.name}-{secrets.token_hex(4)}"
-        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._inflight[req.client_id] = fut
+        loop = asyncio.get_running_loop()
+        job_ids = [f"{spec.name}-{secrets.token_hex(4)}" for _, spec in items]
+        futs: list[asyncio.Future[str]] = []
+        for cid, _ in items:
+            fut: asyncio.Future[str] = loop.create_future()
+            self._inflight[cid] = fut
+            futs.append(fut)
+        now = time.time()
         try:
             await self._append(
-                leader, [JobSubmitted(job_id, req.client_id, spec.to_dict(), time.time())]
+                leader,
+                [
+                    JobSubmitted(job_id, cid, spec.to_dict(), now)
+                    for job_id, (cid, spec) in zip(job_ids, items, strict=True)
+                ],
             )
-            fut.set_result(job_id)
+            for fut, job_id in zip(futs, job_ids, strict=True):
+                fut.set_result(job_id)
         except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # retrieved: waiters re-raise it themselves
+            for fut in futs:
+                fut.set_exception(exc)
+                fut.exception()  # retrieved: waiters re-raise it themselves
             raise
         finally:
-            del self._inflight[req.client_id]
+            for cid, _ in items:
+                del self._inflight[cid]
         leader.wake()
-        return ok(job_id=job_id, duplicate=False)
+        return job_ids
 
     async def job_kill(self, data: bytes) -> bytes:
         req = _decode(KillRequest, data)

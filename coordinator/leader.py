@@ -44,6 +44,7 @@ RECONCILE_EVERY_S = 0.5
 KILL_RESEND_S = 5.0
 MAX_ROUNDS = 20
 EVENTS_ACK_WAIT_S = 3.0
+PUBLISH_TIMEOUT_S = 10.0
 
 
 class Leader:
@@ -61,6 +62,7 @@ class Leader:
         self._kills_sent: dict[tuple[str, str, int], float] = {}
         self._over_counts: dict[str, int] = {}
         self._last_preempt = 0.0
+        self._unsent: dict[tuple[str, int], TaskRecord] = {}
 
     async def start(self) -> None:
         """Catch up with the log, then claim it with a fenced LeaderElected entry."""
@@ -112,10 +114,12 @@ class Leader:
                 await asyncio.sleep(0.2)
 
     async def reconcile_once(self) -> None:
+        if self._unsent:
+            await self._resend_unsent()
         for _ in range(MAX_ROUNDS):
             self.coord.cluster.sweep(time.monotonic())
             now = time.time()
-            d = reconcile(self.state, self.coord.cluster.nodes, now)
+            d = reconcile(self.state, self.coord.cluster.nodes, now, self.coord.config.placement)
             self.unplaced = d.unplaced
             if d.kills:
                 await self._send_kills(d.kills)
@@ -163,9 +167,28 @@ class Leader:
         )
 
     async def _publish_runs(self, tasks: list[TaskRecord]) -> None:
-        await asyncio.gather(
-            *(self._publish(self._run_assignment(t), f"run:{t.task_id}:{t.attempt}") for t in tasks)
-        )
+        items = [(self._run_assignment(t), f"run:{t.task_id}:{t.attempt}") for t in tasks]
+        sent = await self._send(items)
+        for t, ok in zip(tasks, sent, strict=True):
+            key = (t.task_id, t.attempt)
+            if ok:
+                self._unsent.pop(key, None)
+            else:
+                self._unsent[key] = t
+
+    async def _resend_unsent(self) -> None:
+        """Placements whose assignment did not reach the stream: send them again while
+        they are still this attempt's (a message id makes a repeat harmless)."""
+        due = [
+            t
+            for (tid, attempt), t in list(self._unsent.items())
+            if (cur := self.state.tasks.get(tid)) is not None
+            and cur.attempt == attempt
+            and cur.state == "PLACED"
+        ]
+        self._unsent = {(t.task_id, t.attempt): t for t in due}
+        if due:
+            await self._publish_runs(due)
 
     async def _republish_placed(self) -> None:
         """A previous leader may have logged a placement and died before sending it."""
@@ -187,28 +210,51 @@ class Leader:
             self._kills_sent = {
                 k: v for k, v in self._kills_sent.items() if now - v < KILL_RESEND_S
             }
-        await asyncio.gather(
-            *(
-                self._publish(
+        await self._send(
+            [
+                (
                     Assignment(
                         "kill", k.node_id, k.job_id, k.task_id, k.attempt, self.term, time.time()
                     ),
                     f"kill:{k.task_id}:{k.attempt}:{int(now)}",
                 )
                 for k in due
-            )
+            ]
         )
 
-    async def _publish(self, a: Assignment, msg_id: str) -> None:
-        try:
-            await self.coord.js.publish(
-                subjects.assign(self.coord.region, a.node_id),
-                encode(a),
-                stream=subjects.assign_stream(self.coord.region),
-                headers={"Nats-Msg-Id": msg_id},
-            )
-        except Exception as exc:  # republished on the next election or kill round
-            log.warning("assignment %s to %s not sent: %s", msg_id, a.node_id, exc)
+    async def _send(self, items: list[tuple[Assignment, str]]) -> list[bool]:
+        """Publish assignments pipelined (one acknowledgement each, thousands in flight,
+        not one round trip after another); True for each the stream acknowledged."""
+        if not items:
+            return []
+        js = self.coord.js
+        stream = subjects.assign_stream(self.coord.region)
+        futures: list[asyncio.Future | None] = []
+        for a, msg_id in items:
+            try:
+                fut = await js.publish_async(
+                    subjects.assign(self.coord.region, a.node_id),
+                    encode(a),
+                    wait_stall=PUBLISH_TIMEOUT_S,
+                    stream=stream,
+                    headers={"Nats-Msg-Id": msg_id},
+                )
+            except Exception as exc:
+                log.warning("assignment %s to %s not sent: %s", msg_id, a.node_id, exc)
+                fut = None
+            futures.append(fut)
+        pending = [f for f in futures if f is not None]
+        if pending:
+            await asyncio.wait(pending, timeout=PUBLISH_TIMEOUT_S)
+        sent = []
+        for (_, msg_id), fut in zip(items, futures, strict=True):
+            ok = fut is not None and fut.done() and fut.exception() is None
+            if fut is not None and not fut.done():
+                fut.cancel()
+            if not ok:
+                log.warning("assignment %s not acknowledged; will resend", msg_id)
+            sent.append(ok)
+        return sent
 
     # ------------------------------------------------------------ agent events
 

@@ -106,12 +106,15 @@ def pool_view(
     return PoolView(capacity, pending, running, allocation, non_preemptible, demand, entitlement)
 
 
-def admitted_jobs(state: RegionState, view: PoolView) -> tuple[set[str], dict[str, str]]:
-    """Which waiting jobs may be placed now, and why the others wait."""
+def admitted_jobs(
+    state: RegionState, view: PoolView, skip: frozenset[str] = frozenset()
+) -> tuple[set[str], dict[str, str]]:
+    """Which waiting jobs may be placed now, and why the others wait. Jobs in `skip`
+    (admitted but found not to fit any node) take no share of their pool's budget."""
     leaves = set(state.pools.leaves())
     decision = admit(
         state.pools,
-        view.pending,
+        [p for p in view.pending if p.job_id not in skip] if skip else view.pending,
         view.entitlement,
         {p: r for p, r in view.allocation.items() if p in leaves},
         {p: r for p, r in view.non_preemptible.items() if p in leaves},

@@ -10,12 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coordinator.cluster import DOWN, READY, NodeView
-from coordinator.placement import GangRequest, NodeCandidate, TaskRequest, place
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
+from coordinator.scheduling import PlacementConfig, place_jobs
 from coordinator.state import HOLDING, RegionState
 from mesh.schema import LogEvent, TaskEvent, TaskPlaced, TaskUpdated
 from workloads.lifecycle import ENDED, FINAL, TaskState
 from workloads.resources import Resources
+
+DEFAULT_PLACEMENT = PlacementConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +37,12 @@ class Decisions:
     pools: PoolView | None = None  # this round's pool figures, when jobs were waiting
 
 
-def reconcile(state: RegionState, nodes: dict[str, NodeView], now: float) -> Decisions:
+def reconcile(
+    state: RegionState,
+    nodes: dict[str, NodeView],
+    now: float,
+    config: PlacementConfig = DEFAULT_PLACEMENT,
+) -> Decisions:
     d = Decisions()
     _lose_tasks_on_down_nodes(state, nodes, now, d)
     _requeue_or_settle(state, now, d)
@@ -44,7 +51,7 @@ def reconcile(state: RegionState, nodes: dict[str, NodeView], now: float) -> Dec
     _reclaim_preempted(state, d)
     if not d.events:
         # Place only from a settled state: a task being requeued this round is placed next.
-        _place_waiting(state, nodes, now, d)
+        _place_waiting(state, nodes, now, config, d)
     return d
 
 
@@ -182,7 +189,11 @@ def _reclaim_preempted(state: RegionState, d: Decisions) -> None:
 
 
 def _place_waiting(
-    state: RegionState, nodes: dict[str, NodeView], now: float, d: Decisions
+    state: RegionState,
+    nodes: dict[str, NodeView],
+    now: float,
+    config: PlacementConfig,
+    d: Decisions,
 ) -> None:
     waiting = state.pending_jobs()
     if not waiting:
@@ -201,34 +212,32 @@ def _place_waiting(
     else:
         d.pools = pool_view(state, capacity, waiting, now)
         state.memo["pool_view"] = (key, d.pools)
-    admitted, blocked = admitted_jobs(state, d.pools)
-    d.unplaced.update(blocked)
-    if not admitted:
+    # Nothing placed last time and nothing changed since (log, ready capacity, the
+    # second): the same inputs would give the same answer, so skip the work.
+    idle_key = (key, int(now))
+    idle = state.memo.get("placement_idle")
+    if idle is not None and idle[0] == idle_key:
+        d.unplaced.update(idle[1])
         return
-    candidates = [
-        NodeCandidate(
-            v.node_id,
-            v.state.capacity,
-            v.state.capacity - state.allocated(v.node_id),
-            v.state.simulated,
-            v.state.labels,
-        )
-        for v in ready
-    ]
-    gangs = [
-        GangRequest(
-            job.job_id,
-            tuple(
-                TaskRequest(t.task_id, t.resources, t.simulated)
-                for t in job.tasks.values()
-                if t.state == TaskState.PENDING
-            ),
-        )
-        for job in waiting
-        if job.job_id in admitted
-    ]
-    result = place(candidates, gangs)
-    for tid, node_id in result.placed:
-        t = state.tasks[tid]
-        d.events.append(TaskPlaced(t.job_id, tid, t.attempt + 1, node_id, now))
+    admitted, blocked = admitted_jobs(state, d.pools)
+    if not admitted:
+        d.unplaced.update(blocked)
+        return
+    result = place_jobs(state, ready, [j for j in waiting if j.job_id in admitted], now, config)
+    misfits = frozenset(j for j in result.unplaced if j in admitted)
+    if misfits and blocked and not result.line_held_by:
+        # Admitted gangs that fit no node hold no budget: admit again without them,
+        # so the jobs behind them in their pool can use what they could not.
+        again, still_blocked = admitted_jobs(state, d.pools, misfits)
+        if again - admitted:
+            why = {j: result.unplaced[j] for j in misfits}
+            jobs = [j for j in waiting if j.job_id in again]
+            result = place_jobs(state, ready, jobs, now, config)
+            blocked = {j: r for j, r in still_blocked.items() if j not in misfits} | why
+    d.unplaced.update(blocked)
+    for p in result.placed:
+        t = state.tasks[p.task_id]
+        d.events.append(TaskPlaced(t.job_id, p.task_id, t.attempt + 1, p.node_id, now, p.gpu_uuids))
     d.unplaced.update(result.unplaced)
+    if not result.placed:
+        state.memo["placement_idle"] = (idle_key, dict(d.unplaced))

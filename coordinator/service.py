@@ -13,6 +13,7 @@ from coordinator.api import Api
 from coordinator.cluster import ClusterView
 from coordinator.joblog import LogFollower
 from coordinator.leader import Leader
+from coordinator.scheduling import PlacementConfig
 from coordinator.state import RegionState
 from mesh import subjects
 from mesh.codec import WireError, decode
@@ -35,6 +36,7 @@ class CoordinatorConfig:
     replicas: int = 1
     preempt_every_s: float = 0.25  # one preemption cycle this often (hysteresis counts them)
     preempt_cycles: int = 2  # cycles a pool must stay over entitlement before it is preempted
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     connect_options: dict = field(default_factory=dict)
 
 

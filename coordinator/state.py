@@ -72,6 +72,7 @@ class TaskRecord:
             "state": str(self.state),
             "attempt": self.attempt,
             "node_id": self.node_id,
+            "gpu_uuids": list(self.gpu_uuids),
             "exit_code": self.exit_code,
             "signal": self.signal,
             "message": self.message,
@@ -97,6 +98,7 @@ class JobRecord:
     kill_reason: str = ""
     submit_seq: int = 0
     pending: int = 0  # tasks in PENDING, kept by the fold
+    pending_since: float = 0.0  # when its tasks last started waiting (starvation guard)
 
     @property
     def state(self) -> JobState:
@@ -143,6 +145,8 @@ class RegionState:
         self.tasks: dict[str, TaskRecord] = {}
         self.node_tasks: dict[str, set[str]] = {}  # tasks holding resources on a node
         self.node_alloc: dict[str, Resources] = {}  # what those tasks hold, summed
+        # Per (node, GPU uuid): milli-GPUs and GPU memory granted there, summed.
+        self.gpu_alloc: dict[tuple[str, str], tuple[int, int]] = {}
         # Values derived from the state by pure functions, memoised per log position
         # (reconcile runs on every event; the log moves less often).
         self.memo: dict[str, tuple[object, object]] = {}
@@ -218,6 +222,7 @@ class RegionState:
                 tasks[tid] = TaskRecord(tid, ev.job_id, group.role, i, group)
         job = JobRecord(ev.job_id, ev.client_id, spec, ev.ts, tasks, submit_seq=seq)
         job.pending = len(tasks)
+        job.pending_since = ev.ts
         self.jobs[ev.job_id] = job
         self.waiting.add(ev.job_id)
         self.by_client[ev.client_id] = ev.job_id
@@ -228,7 +233,7 @@ class RegionState:
         if task is None or task.state != TaskState.PENDING or ev.attempt <= task.attempt:
             self.ignored += 1
             return
-        self._count_pending(task, -1)
+        self._count_pending(task, -1, ev.ts)
         task.state = TaskState.PLACED
         task.attempt = ev.attempt
         task.node_id = ev.node_id
@@ -239,6 +244,7 @@ class RegionState:
         task.started_at = task.finished_at = None
         self.node_tasks.setdefault(ev.node_id, set()).add(task.task_id)
         self.node_alloc[ev.node_id] = self.node_alloc.get(ev.node_id, Resources()) + task.resources
+        self._grant_gpus(task, +1)
         self._history(task, ev.ts, "")
 
     def _task_updated(self, ev: TaskUpdated) -> None:
@@ -254,9 +260,9 @@ class RegionState:
             return
         was_holding = task.state in HOLDING
         if task.state == TaskState.PENDING:
-            self._count_pending(task, -1)
+            self._count_pending(task, -1, ev.ts)
         if ev.state == TaskState.PENDING:
-            self._count_pending(task, +1)
+            self._count_pending(task, +1, ev.ts)
         task.state = ev.state
         if ev.state in UNSETTLED:
             self.unsettled.add(task.task_id)
@@ -280,6 +286,7 @@ class RegionState:
             if held is not None and task.task_id in held:
                 held.discard(task.task_id)
                 self.node_alloc[task.node_id] = self.node_alloc[task.node_id] - task.resources
+                self._grant_gpus(task, -1)
                 if not held:
                     del self.node_tasks[task.node_id]
                     del self.node_alloc[task.node_id]
@@ -299,8 +306,28 @@ class RegionState:
         else:
             self.killing.add(job.job_id)
 
-    def _count_pending(self, task: TaskRecord, delta: int) -> None:
+    def _grant_gpus(self, task: TaskRecord, sign: int) -> None:
+        """Book (or release) the task's share of each GPU it was given: a fraction of one
+        GPU, or whole GPUs with its GPU memory split evenly."""
+        uuids = task.gpu_uuids
+        if not uuids:
+            return
+        r = task.resources
+        milli = r.gpu if len(uuids) == 1 else r.gpu // len(uuids)
+        memory = r.gpu_memory // len(uuids)
+        for uuid in uuids:
+            key = (task.node_id, uuid)
+            had_milli, had_memory = self.gpu_alloc.get(key, (0, 0))
+            now = (had_milli + sign * milli, had_memory + sign * memory)
+            if now == (0, 0):
+                self.gpu_alloc.pop(key, None)
+            else:
+                self.gpu_alloc[key] = now
+
+    def _count_pending(self, task: TaskRecord, delta: int, ts: float) -> None:
         job = self.jobs[task.job_id]
+        if job.pending == 0 and delta > 0:
+            job.pending_since = ts
         job.pending += delta
         if job.pending > 0:
             self.waiting.add(job.job_id)

@@ -27,6 +27,7 @@ from mesh.schema import (
     NodeRef,
     PoolApplyRequest,
     PoolRef,
+    SubmitManyRequest,
     SubmitRequest,
 )
 
@@ -72,6 +73,19 @@ class MeshClient:
         cid = client_id or uuid.uuid4().hex
         reply = await self.request("job.submit", SubmitRequest(cid, spec), retries=retries)
         return reply["job_id"]
+
+    async def submit_many(
+        self, specs: list[Any], client_ids: list[str] | None = None, retries: int = 20
+    ) -> list[dict]:
+        """Submit up to MAX_BATCH jobs in one request; per job, {"job_id", "duplicate"} or
+        {"error": {"code", "message"}}. Retries reuse the client ids, as `submit` does."""
+        cids = client_ids or [uuid.uuid4().hex for _ in specs]
+        if len(cids) != len(specs):
+            raise ValueError("one client id per spec")
+        req = SubmitManyRequest(
+            tuple(SubmitRequest(c, s) for c, s in zip(cids, specs, strict=True))
+        )
+        return (await self.request("job.submit_many", req, retries=retries))["results"]
 
     async def job(self, job_id: str) -> dict:
         return (await self.request("job.get", JobRef(job_id), retries=5))["job"]

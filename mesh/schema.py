@@ -312,6 +312,18 @@ class SubmitRequest:
     v: int = 1
 
 
+MAX_BATCH = 1000  # jobs in one job.submit_many request
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitManyRequest:
+    """Many submits in one request and one log append: for generators and pipelines
+    that submit thousands of small jobs. Each item succeeds or fails on its own."""
+
+    jobs: tuple[SubmitRequest, ...] = wf((), max_len=MAX_BATCH)
+    v: int = 1
+
+
 @dataclass(frozen=True, slots=True)
 class JobRef:
     job_id: str = wf(max_len=ID)

@@ -50,7 +50,9 @@ __all__ = [
     "MAX_SOURCE_BYTES",
     "MAX_TASKS",
     "MAX_WORKDIR_LEN",
+    "GPU_ISOLATION",
     "JobSpec",
+    "PlacementPolicy",
     "RestartPolicy",
     "SimulatedRun",
     "TaskGroup",
@@ -95,11 +97,18 @@ _JOB_FIELDS = (
     "max_run_time",
     "restart",
     "labels",
+    "placement",
     "tasks",
 )
 _GROUP_FIELDS = ("role", "count", "command", "env", "workdir", "resources", "simulate")
 _RESTART_FIELDS = ("max_retries", "reschedule_on_lost")
 _SIMULATE_FIELDS = ("duration", "exit_code")
+_PLACEMENT_FIELDS = ("labels", "strategy", "spread_by", "anti_affinity", "gpu_isolation", "gang")
+STRATEGIES = ("binpack", "spread", "pack")
+SPREAD_BY = ("zone", "node")
+# Weakest to strongest: a task asking for one level is placed only on GPUs that deliver
+# it or a stronger one (see docs/gpu.md for what each guarantees).
+GPU_ISOLATION = ("none", "watchdog", "mps", "mig")
 _RESOURCE_FIELDS = Resources.KINDS
 _NO_RESOURCES = Resources()  # frozen, so one shared instance is a safe default
 
@@ -134,6 +143,30 @@ class TaskGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class PlacementPolicy:
+    """Where a job's tasks may go and how they are arranged.
+
+    ``labels`` must all be carried by a node (the key ``zone`` matches the node's zone).
+    ``strategy``: ``binpack`` fills the tightest nodes first (large holes stay open),
+    ``spread`` balances the job's tasks over ``spread_by`` (zones or nodes), ``pack`` puts
+    them on as few nodes as possible (NCCL locality). ``anti_affinity`` allows at most one
+    of the job's tasks per node. ``gpu_isolation`` is the weakest GPU enforcement the job
+    accepts. ``gang``: the job's pending tasks are placed all or nothing (or, for an
+    elastic job, its first ``min_tasks``).
+    """
+
+    labels: tuple[tuple[str, str], ...] = ()  # sorted by key
+    strategy: str = "binpack"
+    spread_by: str = "zone"
+    anti_affinity: bool = False
+    gpu_isolation: str = "none"
+    gang: bool = True
+
+
+DEFAULT_PLACEMENT = PlacementPolicy()
+
+
+@dataclass(frozen=True, slots=True)
 class RestartPolicy:
     """What happens to a task whose attempt ended without success."""
 
@@ -155,6 +188,7 @@ class JobSpec:
     max_run_time_s: float | None = None
     restart: RestartPolicy = RestartPolicy()
     labels: tuple[tuple[str, str], ...] = ()  # sorted by key
+    placement: PlacementPolicy = DEFAULT_PLACEMENT
 
     @property
     def task_count(self) -> int:
@@ -183,8 +217,17 @@ class JobSpec:
                 "reschedule_on_lost": self.restart.reschedule_on_lost,
             },
             "labels": dict(self.labels),
+            "placement": {
+                "labels": dict(self.placement.labels),
+                "strategy": self.placement.strategy,
+                "anti_affinity": self.placement.anti_affinity,
+                "gpu_isolation": self.placement.gpu_isolation,
+                "gang": self.placement.gang,
+            },
             "tasks": [_group_to_dict(group) for group in self.tasks],
         }
+        if self.placement.strategy == "spread":
+            out["placement"]["spread_by"] = self.placement.spread_by
         if self.max_run_time_s is not None:
             out["max_run_time"] = float(self.max_run_time_s)
         return out
@@ -376,6 +419,7 @@ def _job(data: object) -> JobSpec:
     min_tasks = f.get("min_tasks")
     restart = _restart(f.get("restart", {}))
     labels = _labels(f.get("labels", {}))
+    placement = _placement(f.get("placement", {}))
     tasks = _tasks(f.get("tasks"))
     if min_tasks is not None:
         total = sum(g.count for g in tasks)
@@ -396,6 +440,7 @@ def _job(data: object) -> JobSpec:
         max_run_time_s=max_run_time,
         restart=restart,
         labels=labels,
+        placement=placement,
     )
 
 
@@ -444,16 +489,48 @@ def _restart(value: object) -> RestartPolicy:
     return RestartPolicy(max_retries=retries, reschedule_on_lost=on_lost)
 
 
-def _labels(value: object) -> tuple[tuple[str, str], ...]:
+def _placement(value: object) -> PlacementPolicy:
+    f = _fields(value, "placement", _PLACEMENT_FIELDS)
+    if not f:
+        return DEFAULT_PLACEMENT
+    labels = _labels(f.get("labels", {}), "placement.labels")
+    strategy = _choice(f.get("strategy", "binpack"), "placement.strategy", STRATEGIES)
+    spread_by = _choice(f.get("spread_by", "zone"), "placement.spread_by", SPREAD_BY)
+    if "spread_by" in f and strategy != "spread":
+        raise SpecError("placement.spread_by", "only applies with strategy: spread")
+    isolation = _choice(f.get("gpu_isolation", "none"), "placement.gpu_isolation", GPU_ISOLATION)
+    flags = {}
+    for key, default in (("anti_affinity", False), ("gang", True)):
+        flags[key] = f.get(key, default)
+        if not isinstance(flags[key], bool):
+            raise SpecError(f"placement.{key}", f"expected true or false, got {_kind(flags[key])}")
+    if flags["anti_affinity"] and strategy == "pack":
+        raise SpecError(
+            "placement.anti_affinity",
+            "contradicts strategy: pack (one task per node vs fewest nodes)",
+        )
+    return PlacementPolicy(
+        labels, strategy, spread_by, flags["anti_affinity"], isolation, flags["gang"]
+    )
+
+
+def _choice(value: object, field: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        shown = repr(value[:40]) if isinstance(value, str) else _kind(value)
+        raise SpecError(field, f"expected one of {', '.join(choices)}; got {shown}")
+    return value
+
+
+def _labels(value: object, path: str = "labels") -> tuple[tuple[str, str], ...]:
     if not isinstance(value, Mapping):
-        raise SpecError("labels", f"expected a mapping, got {_kind(value)}")
+        raise SpecError(path, f"expected a mapping, got {_kind(value)}")
     if len(value) > MAX_LABELS:
-        raise SpecError("labels", f"at most {MAX_LABELS} labels (MAX_LABELS), got {len(value)}")
+        raise SpecError(path, f"at most {MAX_LABELS} labels (MAX_LABELS), got {len(value)}")
     labels: dict[str, str] = {}
     for key, item in value.items():
         if not isinstance(key, str):
-            raise SpecError("labels", f"label names must be strings, got {_kind(key)}")
-        field = f"labels.{key[:MAX_LABEL_KEY_LEN]}"
+            raise SpecError(path, f"label names must be strings, got {_kind(key)}")
+        field = f"{path}.{key[:MAX_LABEL_KEY_LEN]}"
         if len(key) > MAX_LABEL_KEY_LEN:
             raise SpecError(
                 field, f"label name longer than {MAX_LABEL_KEY_LEN} characters (MAX_LABEL_KEY_LEN)"

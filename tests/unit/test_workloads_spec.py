@@ -251,7 +251,11 @@ BAD = [
     ({"name": "j"}, "tasks", "a job needs at least one task group"),
     (_job(tasks={"role": "a"}), "tasks", "expected a list"),
     (_job(tasks=["x"]), "tasks[0]", "expected a mapping, got a string"),
-    (_job(bogus=1), "bogus", "unknown field (known: labels, max_run_time, min_tasks, name, pool"),
+    (
+        _job(bogus=1),
+        "bogus",
+        "unknown field (known: labels, max_run_time, min_tasks, name, placement, pool",
+    ),
     (
         _group(bogus=1),
         "tasks[0].bogus",
@@ -556,8 +560,13 @@ def test_preemptible_and_min_tasks():
         parse_job_spec({**base, "preemptible": "no"})
     with pytest.raises(SpecError, match="min_tasks: must be between 1 and 4"):
         parse_job_spec({**base, "min_tasks": 5})
-    mixed = {**base, "min_tasks": 1, "tasks": [
-        {"role": "a", "command": "true", "resources": {"cpu": 1}},
-        {"role": "b", "command": "true", "resources": {"cpu": 2}}]}
+    mixed = {
+        **base,
+        "min_tasks": 1,
+        "tasks": [
+            {"role": "a", "command": "true", "resources": {"cpu": 1}},
+            {"role": "b", "command": "true", "resources": {"cpu": 2}},
+        ],
+    }
     with pytest.raises(SpecError, match="min_tasks: an elastic job's task groups"):
         parse_job_spec(mixed)

@@ -1,0 +1,318 @@
+"""The placement core: which node (and GPUs) each ready task goes to. Pure: a snapshot
+and an ordered list of gangs in, a decision out; same snapshot, gangs and seed -> same
+decision.
+
+Filter -> score -> select, one gang at a time in the order given (the caller orders by
+pool admission and priority). A gang's first `gang` tasks are placed all or nothing:
+tried against the working copy, undone if one does not fit, so a gang that does not fit
+reserves nothing. Whatever does not fit is explained: per reason, how many nodes the
+filters turned away.
+
+Speed comes from task shapes: tasks that ask for the same thing under the same
+constraints share one feasibility-and-score array over all nodes, computed once and then
+refreshed only for the nodes a placement changed since (a change log), so a task costs an
+argmax over the nodes, not a pass of Python over them. Job-level terms (spread, pack,
+anti-affinity) are added on top per job. Ties go to a seeded random order, not to the
+first node, so equal nodes share the load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from coordinator.placement.plugins import (
+    PROFILES,
+    Pipeline,
+    Profile,
+    Shape,
+    choose_gpus,
+    copies_fitting,
+    pipeline,
+    rejections,
+    request,
+)
+from coordinator.placement.snapshot import WHOLE, Snapshot, Working
+from workloads.quantity import format_bytes, format_cpu, format_gpu
+
+JOB_TERM_WEIGHT = 4.0  # spread/pack outweigh every profile score (each about 0..1)
+TIE_BREAK = 1e-6
+FULL_REFRESH = 0.25  # past this share of nodes changed, rescore all of them
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRequest:
+    task_id: str
+    shape: Shape
+
+
+@dataclass(frozen=True, slots=True)
+class GangRequest:
+    """A job's pending tasks. The first `gang` of them start together or not at all; the
+    rest are placed one by one, as room allows."""
+
+    job_id: str
+    tasks: tuple[TaskRequest, ...]
+    gang: int = -1  # -1: all of them
+    strategy: str = "binpack"  # binpack | spread | pack
+    spread_by: str = "zone"  # zone | node
+    anti_affinity: bool = False
+    held: tuple[str, ...] = ()  # nodes already running this job's tasks (one entry per task)
+    holds_line: bool = False  # starving: if it does not fit, nothing after it is placed
+
+    @property
+    def gang_size(self) -> int:
+        return len(self.tasks) if self.gang < 0 else min(self.gang, len(self.tasks))
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    job_id: str
+    task_id: str
+    node_id: str
+    gpu_uuids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementResult:
+    placed: tuple[Placement, ...]
+    unplaced: Mapping[str, str]  # job_id -> why (some of) its tasks did not fit
+    line_held_by: str = ""  # a starving gang that did not fit and blocked the rest
+
+
+@dataclass(slots=True)
+class _ShapeArrays:
+    dynamic: Pipeline
+    static_ok: np.ndarray  # what the snapshot alone allows
+    static_score: np.ndarray  # static scores plus the tie-break
+    total: np.ndarray  # static + dynamic score where feasible, -inf elsewhere
+    seen: int  # how much of the change log it reflects
+
+
+@dataclass(slots=True)
+class _JobTerms:
+    """What the job already holds, for spread, pack and anti-affinity."""
+
+    per_node: dict[int, int] = field(default_factory=dict)
+    zone_count: np.ndarray | None = None
+    placed: int = 0
+
+
+@dataclass(slots=True)
+class _Undo:
+    node: int
+    free: np.ndarray
+    g_alloc: np.ndarray
+    g_free_mem: np.ndarray
+
+
+class Placer:
+    """One round of placement over one snapshot."""
+
+    def __init__(self, snap: Snapshot, profile: Profile | None = None, seed: int = 0) -> None:
+        self.snap = snap
+        self.w = Working(snap)
+        self.profile = profile or PROFILES["default"]
+        self.jitter = np.random.default_rng(seed).random(len(snap)) * TIE_BREAK
+        self.all = np.arange(len(snap))
+        self.changes: list[int] = []
+        self.shapes: dict[Shape, _ShapeArrays] = {}
+        self._rejections: dict[Shape, tuple[int, dict[str, int]]] = {}
+
+    # ------------------------------------------------------------ shape arrays
+
+    def _refresh(self, arr: _ShapeArrays, idx, shape: Shape) -> None:
+        ok, values = arr.dynamic.run(self.w, idx, shape)
+        ok &= arr.static_ok[idx]
+        arr.total[idx] = np.where(ok, values + arr.static_score[idx], -np.inf)
+
+    def _arrays(self, shape: Shape) -> np.ndarray:
+        arr = self.shapes.get(shape)
+        if arr is None:
+            ok, values = pipeline(shape, self.profile, dynamic=False).run(self.w, self.all, shape)
+            arr = _ShapeArrays(
+                pipeline(shape, self.profile, dynamic=True),
+                ok,
+                values + self.jitter,
+                np.empty(len(self.snap)),
+                len(self.changes),
+            )
+            self._refresh(arr, self.all, shape)
+            self.shapes[shape] = arr
+        elif arr.seen < len(self.changes):
+            stale = self.changes[arr.seen :]
+            if len(stale) == 1 or len(set(stale)) == 1:
+                self._refresh(arr, slice(stale[0], stale[0] + 1), shape)
+            elif len(stale) > FULL_REFRESH * len(self.snap):
+                self._refresh(arr, self.all, shape)
+            else:
+                self._refresh(arr, np.unique(np.array(stale, dtype=np.int64)), shape)
+            arr.seen = len(self.changes)
+        return arr.total
+
+    # ------------------------------------------------------------ one task
+
+    def _job_terms(self, gang: GangRequest) -> _JobTerms | None:
+        if gang.strategy == "binpack" and not gang.anti_affinity:
+            return None
+        terms = _JobTerms(zone_count=np.zeros(len(self.snap.zones)))
+        for node_id in gang.held:
+            i = self.snap.index.get(node_id)
+            if i is not None:
+                self._count(terms, i, +1)
+        return terms
+
+    def _count(self, terms: _JobTerms, i: int, delta: int) -> None:
+        terms.per_node[i] = terms.per_node.get(i, 0) + delta
+        if not terms.per_node[i]:
+            del terms.per_node[i]
+        terms.zone_count[self.snap.zone[i]] += delta
+        terms.placed += delta
+
+    def _candidates(self, shape: Shape, gang: GangRequest, terms: _JobTerms | None):
+        total = self._arrays(shape)
+        if terms is None:
+            return total
+        total = total.copy()
+        held = np.fromiter(terms.per_node, dtype=np.int64, count=len(terms.per_node))
+        if gang.strategy == "spread":
+            share = 1.0 / (terms.placed + 1)
+            if gang.spread_by == "zone":
+                total -= JOB_TERM_WEIGHT * share * terms.zone_count[self.snap.zone]
+            elif len(held):
+                counts = np.fromiter(terms.per_node.values(), dtype=np.float64)
+                total[held] -= JOB_TERM_WEIGHT * share * counts
+        elif gang.strategy == "pack":
+            # Fewest nodes: stay on nodes the job holds, and otherwise open the node that
+            # takes most of what is left of it (then its zone's nodes).
+            remaining = max(len(gang.tasks) - terms.placed + len(gang.held), 1)
+            room = np.minimum(copies_fitting(self.w, shape), remaining) / remaining
+            total += JOB_TERM_WEIGHT * room
+            if terms.placed:
+                total += (JOB_TERM_WEIGHT / 4) * (terms.zone_count[self.snap.zone] > 0)
+                total[held] += 2 * JOB_TERM_WEIGHT
+        if gang.anti_affinity and len(held):
+            total[held] = -np.inf
+        return total
+
+    def _apply(self, i: int, shape: Shape, slots: tuple[int, ...]) -> _Undo:
+        w = self.w
+        undo = _Undo(i, w.free[i].copy(), w.g_alloc[i].copy(), w.g_free_mem[i].copy())
+        w.free[i] -= request(shape)
+        each = shape.gpu if shape.fractional else WHOLE
+        for j in slots:
+            w.g_alloc[i, j] += each
+            w.g_free_mem[i, j] -= shape.gpu_memory_each
+        self.changes.append(i)
+        return undo
+
+    def _undo(self, undos: list[_Undo]) -> None:
+        for u in reversed(undos):
+            self.w.free[u.node] = u.free
+            self.w.g_alloc[u.node] = u.g_alloc
+            self.w.g_free_mem[u.node] = u.g_free_mem
+            self.changes.append(u.node)
+
+    # ------------------------------------------------------------ gangs
+
+    def place(self, gangs: Sequence[GangRequest]) -> PlacementResult:
+        placed: list[Placement] = []
+        unplaced: dict[str, str] = {}
+        holder = ""
+        for gang in gangs:
+            if holder:
+                unplaced[gang.job_id] = (
+                    f"waiting: job {holder} has waited long and holds the line until it fits"
+                )
+                continue
+            why = self._place_gang(gang, placed)
+            if why:
+                unplaced[gang.job_id] = why
+                if gang.holds_line:
+                    holder = gang.job_id
+        return PlacementResult(tuple(placed), unplaced, holder)
+
+    def _place_gang(self, gang: GangRequest, out: list[Placement]) -> str:
+        terms = self._job_terms(gang)
+        undos: list[_Undo] = []
+        picks: list[Placement] = []
+        need = gang.gang_size
+        for k, task in enumerate(gang.tasks):
+            total = self._candidates(task.shape, gang, terms)
+            i = int(np.argmax(total))
+            if not np.isfinite(total[i]):
+                why = self._explain(gang, task, k, terms)
+                if k < need:
+                    self._undo(undos)
+                    return why
+                out.extend(picks)
+                return why
+            slots = choose_gpus(self.w, i, task.shape) if task.shape.gpu else ()
+            undos.append(self._apply(i, task.shape, slots))
+            if terms is not None:
+                self._count(terms, i, +1)
+            uuids = tuple(self.snap.g_uuid[i][j] for j in slots)
+            picks.append(Placement(gang.job_id, task.task_id, self.snap.ids[i], uuids))
+        out.extend(picks)
+        return ""
+
+    def _explain(
+        self, gang: GangRequest, task: TaskRequest, k: int, terms: _JobTerms | None
+    ) -> str:
+        if not len(self.snap):
+            return "no ready nodes"
+        cached = self._rejections.get(task.shape)
+        if cached is None or cached[0] != len(self.changes):
+            cached = (len(self.changes), rejections(self.w, task.shape))
+            self._rejections[task.shape] = cached
+        counts = dict(cached[1])
+        if gang.anti_affinity and terms is not None:
+            taken = sum(1 for i in terms.per_node if np.isfinite(self._arrays(task.shape)[i]))
+            if taken:
+                counts["already run a task of this job (anti_affinity)"] = taken
+        parts = "; ".join(
+            f"{n:,} node{'s' if n != 1 else ''}: {why}"
+            for why, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        )
+        head = f"task {task.task_id} ({describe(task.shape)})"
+        if gang.gang_size > 1 and k < gang.gang_size:
+            head = f"gang of {gang.gang_size}: {k} placed, then {head}"
+        return f"{head} fits no node: {parts}" if parts else f"{head} fits no node"
+
+
+def describe(shape: Shape) -> str:
+    cpu, memory, disk, gpu, gpu_memory = shape.resources
+    parts = [f"cpu={format_cpu(cpu)}", f"memory={format_bytes(memory)}"]
+    if disk:
+        parts.append(f"disk={format_bytes(disk)}")
+    if gpu:
+        parts.append(f"gpu={format_gpu(gpu)}")
+    if gpu_memory:
+        parts.append(f"gpu_memory={format_bytes(gpu_memory)}")
+    for key, value in shape.labels:
+        parts.append(f"{key}={value}")
+    if shape.isolation != "none":
+        parts.append(f"isolation>={shape.isolation}")
+    return " ".join(parts)
+
+
+def place(
+    snap: Snapshot,
+    gangs: Sequence[GangRequest],
+    profile: Profile | None = None,
+    seed: int = 0,
+) -> PlacementResult:
+    return Placer(snap, profile, seed).place(gangs)
+
+
+__all__ = [
+    "GangRequest",
+    "Placement",
+    "PlacementResult",
+    "Placer",
+    "TaskRequest",
+    "describe",
+    "place",
+]

@@ -1,0 +1,326 @@
+"""Placement plugins: filters say which nodes can take a task, scores rank the rest.
+
+Every plugin is vectorised over a subset of nodes (`idx`, an index array into the
+snapshot), so the core evaluates a whole region with a few numpy operations and
+refreshes just the nodes a placement changed with the same code. A request's class
+(`Shape`: what it asks for and where it may go) is what plugins see; tasks of one shape
+share their filter and score arrays.
+
+Scores are each about 0..1 and weighted by the profile. The GPU score is Alnair's idea,
+utilisation-driven packing, in floating point (Alnair's own divides integers and is
+always 0): a fractional task goes to the GPU it fills most, as long as measured
+utilisation leaves room for its share; whole-GPU tasks only take GPUs no one shares, and
+CPU-only tasks keep off GPU nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from coordinator.placement.snapshot import (
+    GPU,
+    GPU_MEMORY,
+    ISOLATION_LEVEL,
+    KINDS,
+    WHOLE,
+    Working,
+)
+from workloads.quantity import format_bytes, format_gpu
+
+OVERLOAD_PENALTY = 2.0  # per unit of measured utilisation beyond a whole GPU
+Index = np.ndarray | slice  # a set of node rows; a slice for one node is a cheap view
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What one task asks for and which nodes may hold it: the cache key for its arrays."""
+
+    resources: tuple[int, int, int, int, int]  # Resources.KINDS order
+    simulated: bool = False
+    labels: tuple[tuple[str, str], ...] = ()
+    isolation: str = "none"
+
+    @property
+    def gpu(self) -> int:
+        return self.resources[GPU]
+
+    @property
+    def fractional(self) -> bool:
+        return 0 < self.gpu < WHOLE
+
+    @property
+    def whole_gpus(self) -> int:
+        return self.gpu // WHOLE if self.gpu >= WHOLE else 0
+
+    @property
+    def gpu_memory_each(self) -> int:
+        """Memory asked of each GPU the task gets."""
+        if self.fractional:
+            return self.resources[GPU_MEMORY]
+        return self.resources[GPU_MEMORY] // max(self.whole_gpus, 1)
+
+    @property
+    def level(self) -> int:
+        return ISOLATION_LEVEL[self.isolation]
+
+
+@lru_cache(maxsize=4096)
+def request(shape: Shape) -> np.ndarray:
+    return np.array(shape.resources, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------- GPU slots
+
+
+def gpu_fits(w: Working, idx: Index, shape: Shape) -> np.ndarray:
+    """(nodes, G) mask: which GPUs of those nodes could hold (a share of) the task."""
+    s = w.snap
+    ok = s.g_valid[idx] & (s.g_level[idx] >= shape.level)
+    ok &= w.g_free_mem[idx] >= shape.gpu_memory_each
+    if shape.fractional:
+        ok &= w.g_alloc[idx] + shape.gpu <= WHOLE
+    else:
+        ok &= w.g_alloc[idx] == 0  # whole GPUs are never shared
+    return ok
+
+
+def gpu_slot_scores(w: Working, idx: Index, shape: Shape) -> np.ndarray:
+    """(nodes, G) score per GPU for a fractional task: how full it ends up (pack the
+    fractions, keep whole GPUs whole), less a penalty when measured utilisation plus the
+    task's share would pass 100%. -inf where the task does not fit."""
+    share = shape.gpu / WHOLE
+    after = (w.g_alloc[idx] + shape.gpu) / WHOLE
+    over = np.maximum(w.snap.g_util[idx] + share - 1.0, 0.0)
+    score = after - OVERLOAD_PENALTY * over
+    return np.where(gpu_fits(w, idx, shape), score, -np.inf)
+
+
+def choose_gpus(w: Working, i: int, shape: Shape) -> tuple[int, ...]:
+    """The GPU slots of node `i` the task gets (the node passed the filters)."""
+    idx = slice(i, i + 1)
+    if shape.fractional:
+        return (int(np.argmax(gpu_slot_scores(w, idx, shape)[0])),)
+    fits = gpu_fits(w, idx, shape)[0]
+    slots = np.flatnonzero(fits)
+    # The least busy free GPUs, by measured utilisation; ties by index.
+    order = slots[np.argsort(w.snap.g_util[i, slots], kind="stable")]
+    return tuple(int(j) for j in order[: shape.whole_gpus])
+
+
+def copies_fitting(w: Working, shape: Shape) -> np.ndarray:
+    """Per node, how many more tasks of this shape its free node-level resources hold
+    (GPU slots aside): what `pack` uses to open the roomiest node first."""
+    req = request(shape)
+    asked = req > 0
+    if not asked.any():
+        return np.full(len(w.snap), np.iinfo(np.int64).max // 2)
+    return (np.maximum(w.free[:, asked], 0) // req[asked]).min(axis=1)
+
+
+# --------------------------------------------------------------------------- filters
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """`dynamic` filters depend on what is free and are re-run on nodes a placement
+    changed; static ones depend only on the snapshot and run once per shape."""
+
+    name: str
+    applies: Callable[[Shape], bool]
+    ok: Callable[[Working, Index, Shape], np.ndarray]
+    reasons: Callable[[Working, np.ndarray, Shape], dict[str, int]]  # over rejected nodes
+    dynamic: bool
+
+
+def _sim_ok(w: Working, idx: Index, shape: Shape) -> np.ndarray:
+    return w.snap.simulated[idx] == shape.simulated
+
+
+def _sim_reason(w: Working, idx: np.ndarray, shape: Shape) -> dict[str, int]:
+    why = (
+        "real node (task is simulated)"
+        if shape.simulated
+        else "simulated node (task runs a real command)"
+    )
+    return {why: len(idx)}
+
+
+def _labels_ok(w: Working, idx: Index, shape: Shape) -> np.ndarray:
+    ok = w.snap.label_mask(*shape.labels[0])[idx]
+    for key, value in shape.labels[1:]:
+        ok = ok & w.snap.label_mask(key, value)[idx]
+    return ok
+
+
+def _labels_reason(w: Working, idx: np.ndarray, shape: Shape) -> dict[str, int]:
+    out: dict[str, int] = {}
+    left = idx
+    for key, value in shape.labels:
+        bad = ~w.snap.label_mask(key, value)[left]
+        if bad.any():
+            out[f"label {key}≠{value}"] = int(bad.sum())
+        left = left[~bad]
+    return out
+
+
+def _fit_ok(w: Working, idx: Index, shape: Shape) -> np.ndarray:
+    return (w.free[idx] >= request(shape)).all(axis=1)
+
+
+def _fit_reason(w: Working, idx: np.ndarray, shape: Shape) -> dict[str, int]:
+    first_short = np.argmax(w.free[idx] < request(shape), axis=1)
+    counts = np.bincount(first_short, minlength=len(KINDS))
+    return {"insufficient " + KINDS[k]: int(n) for k, n in enumerate(counts) if n}
+
+
+def _isolation_ok(w: Working, idx: Index, shape: Shape) -> np.ndarray:
+    s = w.snap
+    return (s.g_valid[idx] & (s.g_level[idx] >= shape.level)).any(axis=1)
+
+
+def _isolation_reason(w: Working, idx: np.ndarray, shape: Shape) -> dict[str, int]:
+    return {f"no GPU delivering {shape.isolation} isolation": len(idx)}
+
+
+def _gpu_ok(w: Working, idx: Index, shape: Shape) -> np.ndarray:
+    fits = gpu_fits(w, idx, shape)
+    if shape.fractional:
+        return fits.any(axis=1)
+    return fits.sum(axis=1) >= shape.whole_gpus
+
+
+def _gpu_reason(w: Working, idx: np.ndarray, shape: Shape) -> dict[str, int]:
+    mem = f", {format_bytes(shape.gpu_memory_each)} each" if shape.gpu_memory_each else ""
+    if shape.fractional:
+        why = f"no single GPU with {format_gpu(shape.gpu)} GPU{mem} free"
+    else:
+        why = f"fewer than {shape.whole_gpus} unshared GPUs{mem} free"
+    return {why: len(idx)}
+
+
+FILTERS: tuple[Filter, ...] = (
+    Filter("simulation", lambda s: True, _sim_ok, _sim_reason, False),
+    Filter("labels", lambda s: bool(s.labels), _labels_ok, _labels_reason, False),
+    Filter("resources", lambda s: True, _fit_ok, _fit_reason, True),
+    Filter(
+        "gpu_isolation",
+        lambda s: s.gpu > 0 and s.level > 0,
+        _isolation_ok,
+        _isolation_reason,
+        False,
+    ),
+    Filter("gpu_fit", lambda s: s.gpu > 0, _gpu_ok, _gpu_reason, True),
+)
+
+
+# --------------------------------------------------------------------------- scores
+
+
+def binpack(w: Working, idx: Index, shape: Shape) -> np.ndarray:
+    """1 minus the mean fraction of capacity left free after the task: tight fits win,
+    so large holes stay open for large tasks."""
+    s = w.snap
+    left = (w.free[idx] - request(shape)) * s.inv_cap[idx]
+    return 1.0 - left.sum(axis=1) * s.inv_kinds[idx]
+
+
+def gpu_fit(w: Working, idx: Index, shape: Shape) -> np.ndarray:
+    if shape.fractional:
+        best = gpu_slot_scores(w, idx, shape).max(axis=1, initial=-np.inf)
+        return np.where(np.isfinite(best), best, 0.0)
+    gpus = w.snap.gpu_count[idx]
+    if shape.whole_gpus:
+        # Best fit on unshared GPUs: the node left with the fewest free whole GPUs.
+        free_whole = gpu_fits(w, idx, shape).sum(axis=1)
+        return 1.0 - (free_whole - shape.whole_gpus) / np.maximum(gpus, 1)
+    return np.where(gpus > 0, -1.0, 0.0)  # CPU work keeps off GPU nodes
+
+
+def low_load(w: Working, idx: Index, shape: Shape) -> np.ndarray:
+    return 1.0 - w.snap.load[idx]
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    name: str
+    fn: Callable[[Working, Index, Shape], np.ndarray]
+    dynamic: Callable[[Shape], bool]  # does it change as tasks are placed?
+
+
+SCORES: Mapping[str, Score] = {
+    "binpack": Score("binpack", binpack, lambda s: True),
+    "gpu_fit": Score("gpu_fit", gpu_fit, lambda s: s.gpu > 0),
+    "low_load": Score("low_load", low_load, lambda s: False),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Which scores count and how much. Filters always all apply: they are correctness."""
+
+    name: str
+    weights: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.weights) - set(SCORES)
+        if unknown:
+            raise ValueError(f"unknown score plugins {sorted(unknown)}; known: {sorted(SCORES)}")
+
+
+PROFILES = {
+    "default": Profile("default", {"binpack": 1.0, "gpu_fit": 2.0, "low_load": 0.25}),
+    # Balanced load (least allocated first) for latency-sensitive services.
+    "balanced": Profile("balanced", {"binpack": -1.0, "gpu_fit": 2.0, "low_load": 1.0}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """The plugins that apply to one shape under one profile, split into the static half
+    (run once per shape) and the dynamic half (re-run on nodes that changed)."""
+
+    filters: tuple[Callable[[Working, Index, Shape], np.ndarray], ...]
+    scores: tuple[tuple[float, Callable[[Working, Index, Shape], np.ndarray]], ...]
+
+    def run(self, w: Working, idx: Index, shape: Shape) -> tuple[np.ndarray, np.ndarray]:
+        """(ok, score) over nodes `idx`."""
+        n = w.free[idx].shape[0]
+        ok = np.ones(n, dtype=bool)
+        for f in self.filters:
+            ok &= f(w, idx, shape)
+        total = np.zeros(n)
+        for weight, fn in self.scores:
+            total += weight * fn(w, idx, shape)
+        return ok, total
+
+
+def pipeline(shape: Shape, profile: Profile, dynamic: bool) -> Pipeline:
+    return Pipeline(
+        tuple(f.ok for f in FILTERS if f.dynamic == dynamic and f.applies(shape)),
+        tuple(
+            (weight, SCORES[name].fn)
+            for name, weight in profile.weights.items()
+            if weight and SCORES[name].dynamic(shape) == dynamic
+        ),
+    )
+
+
+def rejections(w: Working, shape: Shape) -> dict[str, int]:
+    """Per reason, how many nodes the filters turn away (each node counted once, by the
+    first filter that rejects it, in pipeline order)."""
+    counts: dict[str, int] = {}
+    alive = np.arange(len(w.snap))
+    for f in FILTERS:
+        if not f.applies(shape) or not len(alive):
+            continue
+        ok = f.ok(w, alive, shape)
+        rejected = alive[~ok]
+        if len(rejected):
+            for why, n in f.reasons(w, rejected, shape).items():
+                counts[why] = counts.get(why, 0) + n
+        alive = alive[ok]
+    return counts

@@ -1,0 +1,123 @@
+"""An immutable picture of the region's nodes, as arrays the placement plugins scan.
+
+Built once per placement round from what agents measure (heartbeats) and what the job
+log says is allocated. Node-level quantities are an (N, 5) int64 array in
+`Resources.KINDS` order; GPUs are an (N, G) table padded to the largest GPU count, so a
+plugin can look at any subset of nodes with one gather. Plugins never mutate it: the
+core works on copies of the `free` arrays (`Working`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from workloads.resources import Resources
+
+KINDS = Resources.KINDS
+CPU, MEMORY, DISK, GPU, GPU_MEMORY = range(5)
+WHOLE = 1000  # milli-GPUs in one GPU
+# Weakest to strongest (workloads.spec.GPU_ISOLATION): a level delivers every weaker one.
+ISOLATION_LEVEL = {"none": 0, "watchdog": 1, "mps": 2, "mig": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSlot:
+    """One GPU: what the log has granted on it and what its agent measured."""
+
+    uuid: str
+    model: str = ""
+    memory_total: int = 0
+    allocated: int = 0  # milli-GPUs granted to tasks
+    memory_allocated: int = 0  # bytes granted to tasks
+    utilization: int = 0  # measured, percent
+    memory_used: int = 0  # measured, bytes (mesh tasks and anything else)
+    enforcement: str = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    node_id: str
+    capacity: Resources
+    allocated: Resources = Resources()
+    simulated: bool = False
+    zone: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    gpus: tuple[GpuSlot, ...] = ()
+    load: float = 0.0  # measured CPU busy fraction, 0..1
+
+
+def _row(r: Resources) -> tuple[int, int, int, int, int]:
+    return (r.cpu, r.memory, r.disk, r.gpu, r.gpu_memory)
+
+
+class Snapshot:
+    """The nodes, in a fixed order (the caller sorts them: decisions depend on order only
+    through ties, which `seed` breaks)."""
+
+    def __init__(self, nodes: Sequence[NodeInfo]) -> None:
+        self.nodes = tuple(nodes)
+        n = len(self.nodes)
+        self.ids = [x.node_id for x in self.nodes]
+        self.index = {node_id: i for i, node_id in enumerate(self.ids)}
+        self.cap = np.array([_row(x.capacity) for x in self.nodes], dtype=np.int64).reshape(n, 5)
+        alloc = np.array([_row(x.allocated) for x in self.nodes], dtype=np.int64).reshape(n, 5)
+        self.free = self.cap - alloc
+        # Per node, 1/capacity of each kind it has (0 where it has none) and 1/#kinds:
+        # what the binpack score multiplies by, computed once.
+        self.inv_cap = np.divide(1.0, self.cap, out=np.zeros((n, 5)), where=self.cap > 0)
+        self.inv_kinds = 1.0 / np.maximum((self.cap > 0).sum(axis=1), 1)
+        self.simulated = np.array([x.simulated for x in self.nodes], dtype=bool)
+        self.load = np.array([min(max(x.load, 0.0), 1.0) for x in self.nodes], dtype=np.float64)
+        zones = sorted({x.zone for x in self.nodes})
+        self.zones = zones
+        zone_of = {z: i for i, z in enumerate(zones)}
+        self.zone = np.array([zone_of[x.zone] for x in self.nodes], dtype=np.int64)
+        self.gpu_count = np.array([len(x.gpus) for x in self.nodes], dtype=np.int64)
+        g = int(self.gpu_count.max()) if n else 0
+        self.gpu_width = g
+        # Padding slots are invalid: no room, no isolation, never chosen.
+        self.g_valid = np.zeros((n, g), dtype=bool)
+        self.g_alloc = np.zeros((n, g), dtype=np.int64)
+        self.g_free_mem = np.zeros((n, g), dtype=np.int64)
+        self.g_util = np.zeros((n, g), dtype=np.float64)
+        self.g_level = np.full((n, g), -1, dtype=np.int64)
+        self.g_uuid: list[tuple[str, ...]] = []
+        for i, x in enumerate(self.nodes):
+            self.g_uuid.append(tuple(s.uuid for s in x.gpus))
+            for j, s in enumerate(x.gpus):
+                self.g_valid[i, j] = True
+                self.g_alloc[i, j] = s.allocated
+                # Memory is free only if neither the grants nor the measurement use it:
+                # a process outside Mesh can hold GPU memory nobody granted.
+                used = max(s.memory_allocated, s.memory_used)
+                self.g_free_mem[i, j] = s.memory_total - used
+                self.g_util[i, j] = min(max(s.utilization, 0), 100) / 100.0
+                self.g_level[i, j] = ISOLATION_LEVEL.get(s.enforcement, 0)
+        self._label_masks: dict[tuple[str, str], np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def label_mask(self, key: str, value: str) -> np.ndarray:
+        """Nodes carrying label key=value; the key `zone` matches the node's zone."""
+        mask = self._label_masks.get((key, value))
+        if mask is None:
+            if key == "zone":
+                mask = np.array([x.zone == value for x in self.nodes], dtype=bool)
+            else:
+                mask = np.array([x.labels.get(key) == value for x in self.nodes], dtype=bool)
+            self._label_masks[(key, value)] = mask
+        return mask
+
+
+class Working:
+    """The mutable part of a round: what is still free, as tasks are placed."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self.free = snap.free.copy()
+        self.g_alloc = snap.g_alloc.copy()
+        self.g_free_mem = snap.g_free_mem.copy()

@@ -1,0 +1,140 @@
+"""The region's state seen as placement inputs: a snapshot of the ready nodes (what
+agents measured, what the log allocated) and each admitted job as a gang request, then
+the plan committed against the live allocations. Pure: state in, placements out; the
+placement core (`coordinator/placement/`) decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from coordinator.cluster import NodeView
+from coordinator.placement import (
+    PROFILES,
+    GangRequest,
+    GpuSlot,
+    NodeInfo,
+    PlacementResult,
+    Shape,
+    Snapshot,
+    TaskRequest,
+    commit,
+    place,
+)
+from coordinator.state import HOLDING, JobRecord, RegionState
+from workloads.lifecycle import TaskState
+from workloads.spec import TaskGroup
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementConfig:
+    """How the leader places. A gang that has waited `starve_after_s` holds the line
+    (nothing queued after it is placed) for `hold_s`, then lets others pass for
+    `release_s`, and so on: it cannot starve behind a stream of small jobs, and a gang
+    that could never fit does not block the region forever."""
+
+    profile: str = "default"
+    starve_after_s: float = 30.0
+    hold_s: float = 60.0
+    release_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(
+                f"unknown placement profile {self.profile!r}; known: {sorted(PROFILES)}"
+            )
+
+
+def holds_line(waited: float, config: PlacementConfig) -> bool:
+    late = waited - config.starve_after_s
+    return late >= 0 and late % (config.hold_s + config.release_s) < config.hold_s
+
+
+def node_info(view: NodeView, state: RegionState) -> NodeInfo:
+    st = view.state
+    gpus = tuple(
+        GpuSlot(
+            g.uuid,
+            g.model,
+            g.memory_total,
+            *state.gpu_alloc.get((st.node_id, g.uuid), (0, 0)),
+            g.utilization,
+            g.memory_used,
+            g.enforcement,
+        )
+        for g in st.gpus
+    )
+    return NodeInfo(
+        st.node_id,
+        st.capacity,
+        state.allocated(st.node_id),
+        st.simulated,
+        st.zone,
+        st.labels,
+        gpus,
+        st.cpu_percent / 100.0,
+    )
+
+
+def snapshot(ready: Iterable[NodeView], state: RegionState) -> Snapshot:
+    return Snapshot([node_info(v, state) for v in sorted(ready, key=lambda v: v.node_id)])
+
+
+def shape_of(job: JobRecord, group: TaskGroup) -> Shape:
+    r = group.resources
+    p = job.spec.placement
+    return Shape(
+        (r.cpu, r.memory, r.disk, r.gpu, r.gpu_memory),
+        group.simulate is not None,
+        p.labels,
+        p.gpu_isolation,
+    )
+
+
+def gang_request(job: JobRecord, waited: float, config: PlacementConfig) -> GangRequest:
+    shapes: dict[str, Shape] = {}
+    tasks = []
+    held = []
+    for t in job.tasks.values():
+        if t.state == TaskState.PENDING:
+            shape = shapes.get(t.role)
+            if shape is None:
+                shape = shapes[t.role] = shape_of(job, t.group)
+            tasks.append(TaskRequest(t.task_id, shape))
+        elif t.state in HOLDING:
+            held.append(t.node_id)
+    p = job.spec.placement
+    if not p.gang:
+        gang = 0
+    elif job.spec.min_tasks is not None:
+        gang = job.spec.min_tasks if not held else 0
+    else:
+        gang = len(tasks)
+    return GangRequest(
+        job.job_id,
+        tuple(tasks),
+        gang,
+        p.strategy,
+        p.spread_by,
+        p.anti_affinity,
+        tuple(held),
+        holds_line=min(gang, len(tasks)) > 1 and holds_line(waited, config),
+    )
+
+
+def place_jobs(
+    state: RegionState,
+    ready: Sequence[NodeView],
+    jobs: Sequence[JobRecord],
+    now: float,
+    config: PlacementConfig,
+) -> PlacementResult:
+    """Place `jobs` (in order) on the `ready` nodes, committed against the live state."""
+    snap = snapshot(ready, state)
+    gangs = [gang_request(job, now - job.pending_since, config) for job in jobs]
+    plan = place(snap, gangs, PROFILES[config.profile], seed=state.last_seq)
+    by_id = {v.node_id: v for v in ready}
+    touched = {p.node_id for p in plan.placed}
+    live = {n: node_info(by_id[n], state) for n in touched}
+    return commit(plan, gangs, live)
