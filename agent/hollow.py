@@ -46,20 +46,48 @@ One fleet process carries thousands of nodes (a 2-core machine: 1,000 comfortabl
 - Heartbeats: one NodeState per node per period on `mesh.<r>.state.<node>`, spread
   evenly over the period in ticks of `HEARTBEAT_TICK_S` (a 5,000-node fleet sends 250
   every 50 ms, not 5,000 at once). The parts of a node's state that never change are
-  msgpack-encoded once; each beat packs only seq, ts and the live tasks, byte for byte
-  what `mesh.codec.encode` would produce. Publishes are buffered, never flushed one by
-  one.
+  msgpack-encoded once; each beat packs only seq, ts, the live tasks and the GPU list,
+  byte for byte what `mesh.codec.encode` would produce. The GPU list is re-packed only
+  after a run started or ended on the node (or its background load changed), from
+  per-GPU chunks shared by all nodes of one inventory (`GpuWire`). Publishes are
+  buffered, never flushed one by one.
 - Events: `agent.link.EventPublisher`: concurrent JetStream publishes over one
   connection, in order per task attempt (RUNNING is acknowledged before SUCCEEDED is
   sent), retried until acknowledged, de-duplicated by the same message ids as a real
   agent's.
 
-Measured (2 cores, nats-server 2.15.1, the fleet in its own process): 1,000 nodes start
-in 0.2 s, idle at 2 % CPU and 31 MB RSS; 5,000 nodes in ~5 s, 6 % CPU, 38 MB. Driven
-directly on the wire, the fleet takes ~2,000-2,200 short tasks/s from assignment to
-acknowledged SUCCEEDED at either size, with the machine's two cores saturated (fleet
-~80 %, nats-server ~45 %, the driver the rest). Per-node consumers managed 1,000 nodes
-at most: 3.5 s to start, 36 % CPU idle, ~500 tasks/s.
+The region (`MIX`, `inventory_mix(count, seed)`): CPU-only datacenter nodes, 8x A100
+80 GB, 8x H100 80 GB and 4x L4 24 GB nodes in zones zone-a/b/c, and small edge nodes in
+edge-1/edge-2, in exact shares (the table above `MIX` gives the 5,000-node totals),
+shuffled by the seed. Labels: `kind` (edge or datacenter) and, on GPU nodes,
+`gpu_model`; the zone is `NodeState.zone`. Each GPU reports the enforcement its node
+delivers: H100 nodes mig or mps, A100 mps or watchdog, L4 watchdog.
+
+GPU state is measured from what runs (see `HollowNode`): memory from the grants, and
+utilization from the granted share scaled by a per-node busy factor, plus any
+background load a test puts on a GPU (`gpu_background=`, `set_gpu_background`).
+
+Failures: `HollowFleet.crash(node, down_s)` drops the node's runs without a word, stops
+its heartbeats for `down_s` and brings it back empty. A failing task is the spec's own
+`simulate: {exit_code: N}`.
+
+Measured (2 cores, nats-server 2.15.1, the fleet as `mesh agent --simulate N` in its own
+process beside a bare nats-server, no coordinator; start = the fleet's own "started in"
+figure, CPU over 20 s of idle after 3 s to settle, RSS at the end): with the region mix
+above and its GPU heartbeats, 1,000 nodes start in 0.2 s, idle at 2.2 % CPU and 32 MB
+RSS; 5,000 nodes in 4.8-7.0 s (the server's consumer creation, which varies run to run),
+6.0-6.5 % CPU, 39 MB (the older CPU/A100/L4 mix with static GPUs, measured the same way
+the same day: 0.3 s, 2.1 %, 31 MB; 6.4 s, 6.3 %, 39 MB). A GPU node's heartbeat is
+~1.2 KB (8 GPUs) against ~250 bytes for a CPU node; an unchanged one costs the same
+~3 us to encode, a re-measured one ~14 us. Driven directly on the wire, the fleet
+takes ~2,000-2,200 short tasks/s in steady flow from assignment to acknowledged
+SUCCEEDED at either size, with the machine's two cores saturated (fleet ~80 %,
+nats-server ~45 %, the driver the rest); measured before the GPU state was added and not
+re-measured since. A backlog of 20,000 zero-length tasks published at once over 5,000
+nodes (GPU tasks granted a quarter GPU each) drains at ~730 tasks/s, against ~680/s for
+the older fleet under the same driver: the server's pick over pending subjects bounds
+it. Per-node consumers managed 1,000 nodes at most: 3.5 s to start, 36 % CPU idle,
+~500 tasks/s.
 """
 
 from __future__ import annotations
@@ -69,7 +97,8 @@ import logging
 import random
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import msgpack
 
@@ -77,7 +106,7 @@ from agent.link import EventPublisher, FleetFeed
 from mesh import subjects
 from mesh.codec import to_wire
 from mesh.connect import close_quietly, connect
-from mesh.schema import Assignment, GpuStatus, NodeState, Resources, TaskEvent
+from mesh.schema import Assignment, GpuStatus, NodeState, Resources, TaskEvent, TaskSpec
 from mesh.streams import ensure_streams
 from mesh.tasks import cancel_and_wait
 from workloads.lifecycle import TaskState
@@ -88,11 +117,13 @@ GiB = 1024**3
 
 HEARTBEAT_TICK_S = 0.05  # a period's heartbeats go out in slices this long
 SEEN_TTL_S = 900.0  # how long a node remembers a finished attempt (redelivery guard)
+BUSY_RANGE = (0.5, 1.0)  # how hard a node's tasks drive the GPU share they were granted
 
 
 @dataclass(frozen=True, slots=True)
 class Inventory:
-    """What a hollow node declares it has."""
+    """What a hollow node declares it has. `enforcement` is what each of its GPUs
+    delivers (mesh.schema.GpuStatus.enforcement)."""
 
     cpus: int
     memory: int
@@ -101,6 +132,7 @@ class Inventory:
     gpu_memory: int = 0  # per GPU
     zone: str = "zone-a"
     edge: bool = False
+    enforcement: str = "none"
 
     def capacity(self) -> Resources:
         return Resources(
@@ -112,56 +144,120 @@ class Inventory:
         )
 
 
-# A small datacenter-and-edge mix; `inventory_mix` draws from it with a seed.
-MIX: tuple[tuple[float, Inventory], ...] = (
-    (0.50, Inventory(16, 64 * GiB)),
-    (0.20, Inventory(32, 256 * GiB, "A100", 8, 80 * GiB)),
-    (0.15, Inventory(16, 128 * GiB, "L4", 4, 24 * GiB, zone="zone-b")),
-    (0.15, Inventory(4, 8 * GiB, zone="edge-1", edge=True)),
+@dataclass(frozen=True, slots=True)
+class NodeKind:
+    """One kind of node in the mix: its share of the region, its hardware, the zones it
+    is spread over and the GPU enforcement modes its nodes are split between."""
+
+    share: float
+    inventory: Inventory
+    zones: tuple[str, ...]
+    enforcement: tuple[str, ...] = ("none",)
+
+
+DATACENTER_ZONES = ("zone-a", "zone-b", "zone-c")
+EDGE_ZONES = ("edge-1", "edge-2")
+
+# A datacenter-and-edge region. The GPU enforcement per model follows what the hardware
+# can do: only H100s are partitioned with MIG (the rest of them share by MPS), A100s share
+# by MPS or are only watched (watchdog), L4s are only watched. Every GPU of a node has
+# the same mode (it is a node-wide driver setting). At 5,000 nodes this is exactly:
+#   kind   nodes  cores  memory    GPUs/node    cores    GPUs  enforcement (GPUs)
+#   cpu     2750     32  128 GiB   -           88,000       -
+#   A100     400     96    1 TiB   8 x 80 GiB  38,400   3,200  1,608 mps, 1,592 watchdog
+#   H100     250    112    2 TiB   8 x 80 GiB  28,000   2,000  1,008 mig, 992 mps
+#   L4       600     48  192 GiB   4 x 24 GiB  28,800   2,400  2,400 watchdog
+#   edge    1000      4    8 GiB   -            4,000       -  (zones edge-1, edge-2)
+#   total   5000                              187,200   7,600
+MIX: tuple[NodeKind, ...] = (
+    NodeKind(0.55, Inventory(32, 128 * GiB), DATACENTER_ZONES),
+    NodeKind(
+        0.08, Inventory(96, 1024 * GiB, "A100", 8, 80 * GiB), DATACENTER_ZONES, ("mps", "watchdog")
+    ),
+    NodeKind(
+        0.05, Inventory(112, 2048 * GiB, "H100", 8, 80 * GiB), DATACENTER_ZONES, ("mig", "mps")
+    ),
+    NodeKind(0.12, Inventory(48, 192 * GiB, "L4", 4, 24 * GiB), DATACENTER_ZONES, ("watchdog",)),
+    NodeKind(0.20, Inventory(4, 8 * GiB, edge=True), EDGE_ZONES),
 )
 
 
-def inventory_mix(count: int, seed: int = 0) -> list[Inventory]:
-    rng = random.Random(seed)
-    weights = [w for w, _ in MIX]
-    return [rng.choices([inv for _, inv in MIX], weights)[0] for _ in range(count)]
+def inventory_mix(count: int, seed: int = 0, mix: tuple[NodeKind, ...] = MIX) -> list[Inventory]:
+    """`count` nodes in the mix's exact shares (largest remainder), each kind spread
+    evenly over its zones and enforcement modes, in an order shuffled by `seed`.
+
+    Exact rather than drawn, so a benchmark's capacity is known to the node: a 5,000-node
+    region always has 400 A100 nodes, a third of them in each zone. The first nodes of a
+    small fleet are not all of one kind: the seed's shuffle decides."""
+    total = sum(k.share for k in mix)
+    quotas = [int(count * k.share / total) for k in mix]
+    by_remainder = sorted(
+        range(len(mix)), key=lambda i: (-(count * mix[i].share / total - quotas[i]), i)
+    )
+    for i in by_remainder[: count - sum(quotas)]:
+        quotas[i] += 1
+    nodes: list[Inventory] = []
+    for kind, quota in zip(mix, quotas, strict=True):
+        zones, modes = kind.zones, kind.enforcement
+        variants: dict[tuple[str, str], Inventory] = {}  # equal nodes share one Inventory
+        for i in range(quota):
+            mode = modes[(i // len(zones)) % len(modes)] if kind.inventory.gpus else "none"
+            zone = zones[i % len(zones)]
+            inv = variants.get((zone, mode))
+            if inv is None:
+                inv = variants[zone, mode] = replace(kind.inventory, zone=zone, enforcement=mode)
+            nodes.append(inv)
+    random.Random(seed).shuffle(nodes)
+    return nodes
 
 
-_DYNAMIC = ("seq", "ts", "tasks")
+# ------------------------------------------------------------ encoding, cheaply
+
+_DYNAMIC = ("seq", "ts", "gpus", "tasks")
+_GPU_DYNAMIC = ("uuid", "memory_used", "utilization")
 _EMPTY_ARRAY = msgpack.packb([])
+
+
+def _cut(wire: dict, dynamic: tuple[str, ...]) -> list[bytes]:
+    """The msgpack map of `wire` as the bytes between its `dynamic` values (one more
+    chunk than values): each chunk ends with the next dynamic key."""
+    chunks: list[bytes] = []
+    cur = bytearray(msgpack.Packer().pack_map_header(len(wire)))
+    order = []
+    for key, value in wire.items():
+        cur += msgpack.packb(key, use_bin_type=True)
+        if key in dynamic:
+            order.append(key)
+            chunks.append(bytes(cur))
+            cur = bytearray()
+        else:
+            cur += msgpack.packb(value, use_bin_type=True)
+    chunks.append(bytes(cur))
+    if tuple(order) != dynamic:
+        raise RuntimeError(f"wire field order changed: {order}, expected {dynamic}")
+    return chunks
 
 
 class StateWire:
     """A node's NodeState as msgpack, with the fields that never change packed once.
 
-    `encode(seq, ts, tasks)` equals `mesh.codec.encode` of the same NodeState: a map in
-    field order whose static key/value pairs are kept as bytes between the three
-    values that change."""
+    `encode(seq, ts, tasks, gpus_packed)` equals `mesh.codec.encode` of the same
+    NodeState: a map in field order whose static key/value pairs are kept as bytes between
+    the four values that change (`gpus` arrives packed: see `GpuWire`)."""
 
-    __slots__ = ("_c0", "_c1", "_c2", "_c3")
+    __slots__ = ("_c0", "_c1", "_c2", "_c3", "_c4")
 
     def __init__(self, template: NodeState) -> None:
-        wire = to_wire(template)
-        chunks: list[bytes] = []
-        cur = bytearray(msgpack.Packer().pack_map_header(len(wire)))
-        order = []
-        for key, value in wire.items():
-            cur += msgpack.packb(key, use_bin_type=True)
-            if key in _DYNAMIC:
-                order.append(key)
-                chunks.append(bytes(cur))
-                cur = bytearray()
-            else:
-                cur += msgpack.packb(value, use_bin_type=True)
-        chunks.append(bytes(cur))
-        if tuple(order) != _DYNAMIC:
-            raise RuntimeError(f"NodeState field order changed: {order}")
-        self._c0, self._c1, self._c2, self._c3 = chunks
+        self._c0, self._c1, self._c2, self._c3, self._c4 = _cut(to_wire(template), _DYNAMIC)
 
-    def encode(self, seq: int, ts: float, tasks: list[str]) -> bytes:
-        return self.encode_packed(seq, msgpack.packb(ts), tasks)
+    def encode(
+        self, seq: int, ts: float, tasks: list[str], gpus_packed: bytes = _EMPTY_ARRAY
+    ) -> bytes:
+        return self.encode_packed(seq, msgpack.packb(ts), tasks, gpus_packed)
 
-    def encode_packed(self, seq: int, ts_packed: bytes, tasks: list[str]) -> bytes:
+    def encode_packed(
+        self, seq: int, ts_packed: bytes, tasks: list[str], gpus_packed: bytes = _EMPTY_ARRAY
+    ) -> bytes:
         """`encode` with ts already packed (one packing serves a whole tick of nodes)."""
         return b"".join(
             (
@@ -170,28 +266,198 @@ class StateWire:
                 self._c1,
                 ts_packed,
                 self._c2,
-                msgpack.packb(tasks, use_bin_type=True) if tasks else _EMPTY_ARRAY,
+                gpus_packed,
                 self._c3,
+                msgpack.packb(tasks, use_bin_type=True) if tasks else _EMPTY_ARRAY,
+                self._c4,
             )
         )
 
 
-@dataclass(eq=False)
+class GpuWire:
+    """The GPU list of nodes with one inventory, as msgpack: each GpuStatus packed once
+    around the fields that differ by node (uuid) or by moment (memory_used,
+    utilization), so what is kept is per inventory, not per node. `encode` gives what
+    `to_wire` + `packb` would."""
+
+    __slots__ = ("_header", "_chunks", "_pack")
+
+    def __init__(self, inv: Inventory) -> None:
+        self._header = msgpack.Packer().pack_array_header(inv.gpus)
+        self._pack = msgpack.Packer(buf_size=256).pack  # a reused Packer packs 7x faster
+        self._chunks = [
+            tuple(
+                _cut(
+                    to_wire(GpuStatus(i, "", inv.gpu_model, inv.gpu_memory, 0, 0, inv.enforcement)),
+                    _GPU_DYNAMIC,
+                )
+            )
+            for i in range(inv.gpus)
+        ]
+
+    def encode(self, uuid_prefix: str, measured: list[tuple[int, int]]) -> bytes:
+        """`measured`: (memory_used, utilization) per GPU, in index order; GPU i's uuid
+        is `uuid_prefix` + i."""
+        parts = [self._header]
+        pack = self._pack
+        for i, ((c0, c1, c2, c3), (mem, util)) in enumerate(
+            zip(self._chunks, measured, strict=True)
+        ):
+            parts += (c0, pack(f"{uuid_prefix}{i}"), c1, pack(mem), c2, pack(util), c3)
+        return b"".join(parts)
+
+
+# ------------------------------------------------------------ one node
+
+# A running task's GPU grant on one node: (gpu index, milli-GPUs, bytes) per GPU.
+Grant = tuple[tuple[int, int, int], ...]
+
+
+@dataclass(eq=False, slots=True)
 class HollowNode:
+    """One simulated node: its runs, its redelivery guard and its measured GPUs.
+
+    GPU state is measured from what runs, as a probe would see it: each GPU's
+    `memory_used` is the GPU memory granted to the tasks on it and its `utilization` is
+    min(100, round(background + granted fraction x 100 x `busy`)); `busy` (a per-node
+    factor, seeded in BUSY_RANGE by the fleet) says how hard its tasks drive what they
+    were given. `background` (percent per GPU index) is load from outside the mesh.
+    Memory is not clamped to the GPU's size: an over-commit by the scheduler shows.
+    A fleet holds thousands: slots, and what most nodes never use stays None."""
+
     node_id: str
     inventory: Inventory
     seq: int = 0
+    busy: float = 1.0
     # live simulated runs: (task, attempt) -> the timer that ends it
     running: dict[tuple[str, int], asyncio.TimerHandle] = field(default_factory=dict)
     seen: set[tuple[str, int]] = field(default_factory=set)
+    background: dict[int, int] | None = None  # GPU index -> percent
+    gpu_wire: GpuWire | None = field(default=None, repr=False)  # shared by equal nodes
+    down: bool = False  # crashed: no heartbeats, assignments wait in `backlog`
+    backlog: list[Assignment] | None = field(default=None, repr=False)
+    wake: asyncio.TimerHandle | None = field(default=None, repr=False)
+    grants: dict[tuple[str, int], Grant] | None = field(default=None, repr=False)
+    _gpu_milli: list[int] | None = field(default=None, repr=False)
+    _gpu_mem: list[int] | None = field(default=None, repr=False)
     _wire: StateWire | None = field(default=None, repr=False)
+    _gpus_packed: bytes | None = field(default=None, repr=False)  # None: to re-measure
+
+    def __post_init__(self) -> None:
+        n = self.inventory.gpus
+        if n:
+            self._gpu_milli = [0] * n
+            self._gpu_mem = [0] * n
+
+    # -------------------------------------------------------- GPUs
+
+    def gpu_uuid(self, index: int) -> str:
+        return f"GPU-{self.node_id}-{index}"
+
+    def gpu_index(self, uuid: str) -> int | None:
+        prefix = f"GPU-{self.node_id}-"
+        if not uuid.startswith(prefix) or not uuid[len(prefix) :].isdigit():
+            return None
+        index = int(uuid[len(prefix) :])
+        return index if index < self.inventory.gpus else None
+
+    def measured(self) -> list[tuple[int, int]]:
+        """(memory_used, utilization) per GPU, in index order."""
+        if not self.inventory.gpus:
+            return []
+        busy, bg = self.busy, self.background or {}
+        return [
+            (mem, min(100, round(bg.get(i, 0) + milli * busy / 10)))
+            for i, (milli, mem) in enumerate(zip(self._gpu_milli, self._gpu_mem, strict=True))
+        ]
+
+    def set_background(self, index: int, percent: int) -> None:
+        if not 0 <= index < self.inventory.gpus:
+            raise IndexError(f"{self.node_id} has no GPU {index}")
+        if not 0 <= percent <= 100:
+            raise ValueError(f"background utilization {percent} is not in [0, 100]")
+        if self.background is None:
+            self.background = {}
+        self.background[index] = percent
+        self._gpus_packed = None
+
+    def _gpus(self) -> tuple[GpuStatus, ...]:
+        inv = self.inventory
+        return tuple(
+            GpuStatus(
+                i,
+                self.gpu_uuid(i),
+                inv.gpu_model,
+                inv.gpu_memory,
+                mem,
+                util,
+                inv.enforcement,
+            )
+            for i, (mem, util) in enumerate(self.measured())
+        )
+
+    # -------------------------------------------------------- runs
+
+    def start_run(self, key: tuple[str, int], spec: TaskSpec, timer: asyncio.TimerHandle) -> None:
+        self.running[key] = timer
+        if spec.resources.gpu and self.inventory.gpus:
+            grant = self._grant(spec)
+            if grant:
+                if self.grants is None:
+                    self.grants = {}
+                self.grants[key] = grant
+                for i, milli, mem in grant:
+                    self._gpu_milli[i] += milli
+                    self._gpu_mem[i] += mem
+                self._gpus_packed = None
+
+    def end_run(self, key: tuple[str, int]) -> asyncio.TimerHandle | None:
+        """Forget a run (its timer is returned, not cancelled) and release its GPUs."""
+        grant = self.grants.pop(key, None) if self.grants else None
+        if grant:
+            for i, milli, mem in grant:
+                self._gpu_milli[i] -= milli
+                self._gpu_mem[i] -= mem
+            self._gpus_packed = None
+        return self.running.pop(key, None)
+
+    def drop_all(self) -> list[tuple[str, int]]:
+        """Every run stops, unreported (a reboot): their keys."""
+        keys = list(self.running)
+        for timer in self.running.values():
+            timer.cancel()
+        self.running.clear()
+        if self.grants:
+            self.grants = None
+            self._gpu_milli = [0] * self.inventory.gpus
+            self._gpu_mem = [0] * self.inventory.gpus
+            self._gpus_packed = None
+        return keys
+
+    def _grant(self, spec: TaskSpec) -> Grant:
+        """The GPUs a task holds, its request split evenly over them. The coordinator
+        names them (`gpu_uuids`); a task given none is put on the least-granted GPUs
+        (ceil(gpu) of them), as a device plugin left to choose would. UUIDs that are not
+        this node's are not counted (a misaddressed grant shows as no load)."""
+        r = spec.resources
+        if spec.gpu_uuids:
+            idx = [i for i in map(self.gpu_index, spec.gpu_uuids) if i is not None]
+        else:
+            want = min(self.inventory.gpus, max(1, -(-r.gpu // 1000)))
+            idx = sorted(range(self.inventory.gpus), key=lambda i: (self._gpu_milli[i], i))
+            idx = sorted(idx[:want])
+        if not idx:
+            return ()
+        n = len(idx)
+        return tuple(
+            (i, r.gpu // n + (k < r.gpu % n), r.gpu_memory // n + (k < r.gpu_memory % n))
+            for k, i in enumerate(idx)
+        )
+
+    # -------------------------------------------------------- state
 
     def _state(self, region: str, seq: int, ts: float, tasks: tuple[str, ...]) -> NodeState:
         inv = self.inventory
-        gpus = tuple(
-            GpuStatus(i, f"GPU-{self.node_id}-{i}", inv.gpu_model, inv.gpu_memory)
-            for i in range(inv.gpus)
-        )
         labels = {"kind": "edge" if inv.edge else "datacenter"}
         if inv.gpu_model:
             labels["gpu_model"] = inv.gpu_model
@@ -204,7 +470,7 @@ class HollowNode:
             zone=inv.zone,
             simulated=True,
             labels=labels,
-            gpus=gpus,
+            gpus=self._gpus(),
             tasks=tasks,
         )
 
@@ -217,16 +483,29 @@ class HollowNode:
         return self._state(region, self.seq, time.time(), tuple(self.live_tasks()))
 
     def encode_state(self, region: str, ts: float | None = None, ts_packed: bytes = b"") -> bytes:
-        """The next heartbeat, encoded: what `encode(self.state(region))` gives, cheaply."""
+        """The next heartbeat, encoded: what `encode(self.state(region))` gives, cheaply.
+        The GPU list is re-packed only after a run started or ended on the node."""
         if self._wire is None:
             self._wire = StateWire(self._state(region, 0, 0.0, ()))
+        gpus = _EMPTY_ARRAY
+        if self.inventory.gpus:
+            if self._gpus_packed is None:
+                if self.gpu_wire is None:
+                    self.gpu_wire = GpuWire(self.inventory)
+                self._gpus_packed = self.gpu_wire.encode(f"GPU-{self.node_id}-", self.measured())
+            gpus = self._gpus_packed
         self.seq += 1
         if not ts_packed:
             ts_packed = msgpack.packb(time.time() if ts is None else float(ts))
-        return self._wire.encode_packed(self.seq, ts_packed, self.live_tasks())
+        return self._wire.encode_packed(self.seq, ts_packed, self.live_tasks(), gpus)
 
 
 class HollowFleet:
+    """Many hollow nodes in one process (see the module docstring for why and how).
+
+    `gpu_background` (GPU uuid -> percent) makes GPUs look busy with no mesh task on
+    them; `set_gpu_background` changes it while running. `crash` takes a node down."""
+
     def __init__(
         self,
         nats_url: str,
@@ -237,25 +516,55 @@ class HollowFleet:
         seed: int = 0,
         heartbeat_s: float = 1.0,
         inventories: list[Inventory] | None = None,
+        gpu_background: Mapping[str, int] | None = None,
     ) -> None:
         self.nats_url = nats_url
         self.region = subjects.token(region, "region")
         self.prefix = subjects.token(prefix, "fleet prefix")
         invs = inventories or inventory_mix(count, seed)
-        self.nodes = {
-            f"{prefix}-{i:04d}": HollowNode(f"{prefix}-{i:04d}", inv) for i, inv in enumerate(invs)
-        }
+        busy = random.Random(f"busy:{seed}")  # its own stream: the mix's draws stay as they are
+        wires = {inv: GpuWire(inv) for inv in set(invs) if inv.gpus}
+        self.nodes: dict[str, HollowNode] = {}
+        for i, inv in enumerate(invs):
+            node_id = f"{prefix}-{i:04d}"
+            self.nodes[node_id] = HollowNode(
+                node_id, inv, busy=round(busy.uniform(*BUSY_RANGE), 3), gpu_wire=wires.get(inv)
+            )
         for node_id in self.nodes:
             subjects.token(node_id, "node id")
+        for uuid, percent in (gpu_background or {}).items():
+            self.set_gpu_background(uuid, percent)
         self.heartbeat_s = heartbeat_s
         self.feed: FleetFeed | None = None
         self.events: EventPublisher | None = None
         self.started_s = 0.0  # how long start() took
-        self.counts = {"runs": 0, "refused": 0, "duplicates": 0, "kills": 0, "ended": 0}
+        self.counts = {
+            "runs": 0,
+            "refused": 0,
+            "duplicates": 0,
+            "kills": 0,
+            "ended": 0,
+            "crashes": 0,
+            "dropped": 0,  # runs lost to crashes, never reported
+        }
         self._tasks: list[asyncio.Task[None]] = []
         self._ended: deque[tuple[float, HollowNode, tuple[str, int]]] = deque()
         self._stopping = False
         self.nc = None
+
+    def _gpu_owner(self, uuid: str) -> tuple[HollowNode, int]:
+        node_id = uuid.removeprefix("GPU-").rpartition("-")[0]
+        node = self.nodes.get(node_id)
+        index = node.gpu_index(uuid) if node is not None else None
+        if index is None:
+            raise KeyError(f"no GPU {uuid!r} in this fleet")
+        return node, index
+
+    def set_gpu_background(self, uuid: str, percent: int) -> None:
+        """Load on a GPU from outside the mesh (another tenant, a stray process): it adds
+        to the utilization the node reports for that GPU from its next heartbeat on."""
+        node, index = self._gpu_owner(uuid)
+        node.set_background(index, percent)
 
     async def start(self) -> None:
         t0 = time.monotonic()
@@ -290,13 +599,46 @@ class HollowFleet:
         if self.feed is not None:
             await self.feed.stop()
         for node in self.nodes.values():
-            for timer in node.running.values():
-                timer.cancel()
-            node.running.clear()
+            node.drop_all()
+            if node.wake is not None:
+                node.wake.cancel()
+                node.wake = None
         if self.events is not None:
             await self.events.stop(flush_timeout=2.0)  # what already ended still gets told
         if self.nc is not None:
             await close_quietly(self.nc)
+
+    # ------------------------------------------------------------ failures
+
+    def crash(self, node_id: str, down_s: float) -> int:
+        """The node goes down as if it lost power: its runs end unreported, it sends no
+        heartbeat for `down_s` seconds, then it comes back empty. Assignments sent to it
+        meanwhile wait for its return (its durable subject would keep them), and it still
+        remembers the attempts it was given (an agent's store is on disk), so a redelivery
+        never runs a dropped attempt again. Crashing a node that is down restarts its
+        downtime. Returns the number of runs dropped."""
+        node = self.nodes[node_id]
+        loop = asyncio.get_running_loop()
+        dropped = node.drop_all()
+        now = time.monotonic()
+        self._ended.extend((now, node, key) for key in dropped)
+        self.counts["crashes"] += 1
+        self.counts["dropped"] += len(dropped)
+        node.down = True
+        if node.wake is not None:
+            node.wake.cancel()
+        node.wake = loop.call_later(max(0.0, down_s), self._wake, node)
+        log.info(
+            "hollow node %s crashed: %d runs dropped, down %.1f s", node_id, len(dropped), down_s
+        )
+        return len(dropped)
+
+    def _wake(self, node: HollowNode) -> None:
+        node.down = False
+        node.wake = None
+        backlog, node.backlog = node.backlog or [], None
+        for a in backlog:
+            self._on_assignment(node.node_id, a)
 
     # ------------------------------------------------------------ heartbeats
 
@@ -316,6 +658,8 @@ class HollowFleet:
             for group in groups:
                 now = msgpack.packb(time.time())
                 for subject, node in group:
+                    if node.down:
+                        continue
                     try:
                         await publish(subject, node.encode_state(self.region, ts_packed=now))
                     except Exception as exc:
@@ -339,9 +683,14 @@ class HollowFleet:
     def _on_assignment(self, node_id: str, a: Assignment) -> None:
         """Called by the feed for each assignment; never waits."""
         node = self.nodes[node_id]
+        if node.down:
+            if node.backlog is None:
+                node.backlog = []
+            node.backlog.append(a)
+            return
         key = (a.task_id, a.attempt)
         if a.kind == "kill":
-            timer = node.running.pop(key, None)
+            timer = node.end_run(key)
             if timer is not None:
                 timer.cancel()
                 self.counts["kills"] += 1
@@ -365,11 +714,12 @@ class HollowFleet:
         self.counts["runs"] += 1
         self._report(node, a, TaskState.RUNNING)
         loop = asyncio.get_running_loop()
-        node.running[key] = loop.call_later(a.spec.simulate.duration_s, self._finish, node, a)
+        timer = loop.call_later(a.spec.simulate.duration_s, self._finish, node, a)
+        node.start_run(key, a.spec, timer)
 
     def _finish(self, node: HollowNode, a: Assignment) -> None:
         key = (a.task_id, a.attempt)
-        if node.running.pop(key, None) is None or self._stopping:
+        if node.end_run(key) is None or self._stopping:
             return
         sim = a.spec.simulate
         if sim.exit_code == 0:

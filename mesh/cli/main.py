@@ -18,7 +18,7 @@ from typing import Any
 
 from coordinator.pools import parse_pool_tree
 from mesh import logs
-from mesh.cli import render
+from mesh.cli import load, render
 from mesh.cli.context import Context, load_context, mesh_home, save_context
 from mesh.client import MeshClient
 from mesh.connect import close_quietly, connect
@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cl = sub.add_parser("cluster", help="region").add_subparsers(dest="cluster_cmd", required=True)
     cl.add_parser("info", help="leader, term, node and job counts")
+
+    load.add_parser(sub)
     return p
 
 
@@ -134,6 +136,16 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(_agent(args, ctx))
         if args.cmd == "coordinator":
             return asyncio.run(_coordinator(args, ctx))
+        if args.cmd == "load":
+            try:  # before connecting: a bad value needs no mesh to be reported
+                args.workload = load.workload(args)
+            except ValueError as exc:
+                print(f"mesh load: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+            if args.dry_run:
+                summary = load.describe(args.workload)
+                _out(args, summary, load.workload_line(summary))
+                return EXIT_OK
         return asyncio.run(_client_command(args, ctx))
     except KeyboardInterrupt:
         return 130
@@ -295,6 +307,10 @@ def _out(args: argparse.Namespace, data: Any, human: str) -> None:
 
 
 async def _dispatch(args: argparse.Namespace, client: MeshClient) -> int:
+    if args.cmd == "load":
+        summary = await load.run_load(args, client, args.workload)
+        _out(args, summary, load.human(summary))
+        return EXIT_OK if not summary["errors"] else EXIT_FAILED
     if args.cmd == "job":
         return await _job(args, client)
     if args.cmd == "pool":

@@ -4,6 +4,8 @@ spread heartbeats, concurrent events, and nothing run twice or lost."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
 from collections import Counter, defaultdict
 
@@ -14,8 +16,9 @@ from agent.hollow import GiB, HollowNode, Inventory, inventory_mix
 from agent.link import EventPublisher
 from mesh import subjects
 from mesh.codec import decode, encode
-from mesh.schema import Assignment, NodeState, TaskEvent, TaskSpec
+from mesh.schema import Assignment, NodeState, Resources, TaskEvent, TaskSpec
 from mesh.streams import ensure_streams
+from workloads.generator import WorkloadConfig, describe, generate
 from workloads.lifecycle import TaskState
 from workloads.spec import SimulatedRun
 
@@ -25,16 +28,24 @@ REGION = "default"
 
 
 def test_encoded_heartbeat_is_what_the_codec_gives():
-    for i, inv in enumerate([*inventory_mix(8, seed=3), Inventory(2, 4 * GiB, edge=True)]):
-        node = HollowNode(f"hollow-{i:04d}", inv)
+    mix = [*inventory_mix(8, seed=3), Inventory(2, 4 * GiB, edge=True)]
+    mix += [Inventory(96, 1024 * GiB, "A100", 8, 80 * GiB, enforcement="mps")]
+    for i, inv in enumerate(mix):
+        node = HollowNode(f"hollow-{i:04d}", inv, busy=0.75)
         for n in range(4):
             if n:
-                node.running[(f"job-{i}.w.{n}", n)] = None  # only the keys matter here
+                # only the keys matter to the tasks field; the grants move the GPU fields
+                uuids = (node.gpu_uuid(n % inv.gpus),) if inv.gpus else ()
+                spec = TaskSpec(
+                    resources=Resources(gpu=250 * n, gpu_memory=n * GiB), gpu_uuids=uuids
+                )
+                node.start_run((f"job-{i}.w.{n}", n), spec, None)
             st = node.state(REGION)
             node.seq -= 1  # encode the same beat again, the cheap way
             raw = node.encode_state(REGION, st.ts)
             assert raw == encode(st)
             assert decode(NodeState, raw) == st
+        assert sum(g.utilization for g in st.gpus) == (113 if inv.gpus else 0)  # 19 + 38 + 56
 
 
 async def _assignment_consumers(nc) -> list:
@@ -303,3 +314,159 @@ async def _collect_seqs(region, node_id: str) -> list[int]:
     await asyncio.sleep(2.2)
     await sub.unsubscribe()
     return seqs
+
+
+class StateWatch:
+    """Every NodeState one node publishes, as decoded from the wire."""
+
+    def __init__(self) -> None:
+        self.beats: list[tuple[float, NodeState]] = []
+
+    async def start(self, nc, node_id: str) -> StateWatch:
+        async def on_state(msg):
+            self.beats.append((time.monotonic(), decode(NodeState, msg.data)))
+
+        self.sub = await nc.subscribe(subjects.state(REGION, node_id), cb=on_state)
+        return self
+
+    def last(self) -> NodeState | None:
+        return self.beats[-1][1] if self.beats else None
+
+
+async def test_gpu_heartbeats_carry_utilization_from_grants_and_background(region):
+    h = Harness(region.nc)
+    a100 = Inventory(96, 1024 * GiB, "A100", 8, 80 * GiB, enforcement="watchdog")
+    fleet = await region.fleet(
+        2,
+        inventories=[a100, Inventory(32, 128 * GiB)],
+        gpu_background={"GPU-hollow-0000-5": 40},
+        heartbeat_s=0.2,
+    )
+    await h.start()
+    node = fleet.nodes["hollow-0000"]
+    watch = await StateWatch().start(region.nc, "hollow-0000")
+    await eventually(watch.last)
+    gpus = watch.last().gpus
+    assert [g.utilization for g in gpus] == [0, 0, 0, 0, 0, 40, 0, 0]
+    assert {g.enforcement for g in gpus} == {"watchdog"} and {g.model for g in gpus} == {"A100"}
+    spec = TaskSpec(
+        resources=Resources(cpu=1000, gpu=2000, gpu_memory=30 * GiB),
+        simulate=SimulatedRun(30.0),
+        gpu_uuids=("GPU-hollow-0000-1", "GPU-hollow-0000-5"),
+    )
+    await h.assign("hollow-0000", "t-gpu", spec=spec)
+    expect = round(100 * node.busy)
+
+    def busy():
+        st = watch.last()
+        return st.tasks == ("t-gpu#1",) and st.gpus[1].utilization == expect
+
+    await eventually(busy)
+    gpus = watch.last().gpus
+    assert gpus[5].utilization == min(100, 40 + expect)
+    assert gpus[1].memory_used == gpus[5].memory_used == 15 * GiB
+    await h.assign("hollow-0000", "t-gpu", kind="kill")
+
+    def idle():
+        st = watch.last()
+        return not st.tasks and st.gpus[1].utilization == 0
+
+    await eventually(idle)
+    assert [g.memory_used for g in watch.last().gpus] == [0] * 8
+    assert watch.last().gpus[5].utilization == 40
+
+
+async def test_crash_stops_heartbeats_drops_runs_and_comes_back_empty(region):
+    h = Harness(region.nc)
+    fleet = await region.fleet(3, heartbeat_s=0.2)
+    await h.start()
+    await h.assign("hollow-0001", "t-long", spec=sim(300.0))
+    watch = await StateWatch().start(region.nc, "hollow-0001")
+    other = await StateWatch().start(region.nc, "hollow-0002")
+
+    async def running():
+        await h.drain()
+        st = watch.last()
+        return "RUNNING" in h.states("t-long") and st is not None and st.tasks == ("t-long#1",)
+
+    await eventually(running)
+    assert fleet.crash("hollow-0001", 1.5) == 1
+    crashed_at = time.monotonic()
+    assert not fleet.nodes["hollow-0001"].running and fleet.counts["dropped"] == 1
+    await h.assign("hollow-0001", "t-while-down", spec=sim(0.2))  # waits for its return
+    await h.assign("hollow-0001", "t-long", spec=sim(300.0))  # a redelivery: never again
+
+    async def back():
+        return any(t > crashed_at + 0.1 for t, _ in watch.beats)
+
+    await eventually(back, timeout=10)
+    first_back = next(t for t, _ in watch.beats if t > crashed_at + 0.1)
+    assert first_back - crashed_at >= 1.4, first_back - crashed_at
+    assert [t for t, _ in other.beats if t > crashed_at]  # the others never stopped
+
+    async def ran_after():
+        await h.drain()
+        return "SUCCEEDED" in h.states("t-while-down")
+
+    await eventually(ran_after, timeout=10)
+    start = next(e.ts for e in h.events if e.task_id == "t-while-down")
+    assert start >= time.time() - (time.monotonic() - crashed_at) + 1.4  # not before its return
+    await asyncio.sleep(0.5)
+    await h.drain()
+    assert h.states("t-long") == ["RUNNING"]  # dropped silently, not run again
+    later = [st for t, st in watch.beats if t > first_back + 0.5]
+    assert later and all(st.tasks == () for st in later)
+    assert fleet.counts["crashes"] == 1 and fleet.counts["duplicates"] == 1
+
+
+async def test_mesh_load_submits_a_generated_workload(region):
+    """`mesh load` end to end: the CLI generates, submits at the rate and summarises;
+    the hollow fleet runs every task."""
+    await region.coordinator()
+    await region.fleet(40)
+    await region.ready(40)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "mesh.cli.main",
+        "--nats",
+        region.url,
+        "load",
+        "--jobs",
+        "40",
+        "--rate",
+        "100",
+        "--median",
+        "0.5",
+        "--sigma",
+        "0",
+        "--gpu-fraction",
+        "0",
+        "--concurrency",
+        "8",
+        "--seed",
+        "3",
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    summary = json.loads(out)
+    expected = generate(
+        WorkloadConfig(
+            seed=3, jobs=40, rate=100.0, duration_median_s=0.5, duration_sigma=0.0, gpu_fraction=0.0
+        )
+    )
+    assert summary["submitted_jobs"] == 40 and summary["errors"] == 0
+    assert summary["submitted_tasks"] == sum(j.tasks for j in expected)
+    assert summary["workload"] == describe(expected)
+    assert summary["elapsed_s"] >= expected[-1].offset_s  # sent at the arrival times
+    jobs = await region.client.jobs(limit=100)
+    assert {j["name"] for j in jobs} == {j.spec["name"] for j in expected}
+
+    async def all_done():
+        states = [(await region.client.job(j["job_id"]))["state"] for j in jobs]
+        return all(s == "SUCCEEDED" for s in states)
+
+    await eventually(all_done, timeout=30, interval=0.5)
