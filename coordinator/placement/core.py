@@ -18,7 +18,7 @@ first node, so equal nodes share the load.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -217,24 +217,35 @@ class Placer:
 
     # ------------------------------------------------------------ gangs
 
-    def place(self, gangs: Sequence[GangRequest]) -> PlacementResult:
+    def place(self, gangs: Iterable[GangRequest], budget: int | None = None) -> PlacementResult:
+        """Place `gangs` in order; stop early once `budget` tasks are placed (the rest
+        wait for the next round, which sees these placements), so one round of a huge
+        backlog cannot hold the leader's event loop for seconds. `considered` lists the
+        gangs that were looked at."""
         placed: list[Placement] = []
         unplaced: dict[str, str] = {}
         holder = ""
+        self.considered: list[GangRequest] = []
         for gang in gangs:
+            if budget is not None and len(placed) >= budget:
+                break
+            self.considered.append(gang)
             if holder:
                 unplaced[gang.job_id] = (
                     f"waiting: job {holder} has waited long and holds the line until it fits"
                 )
                 continue
-            why = self._place_gang(gang, placed)
+            why, gang_failed = self._place_gang(gang, placed)
             if why:
                 unplaced[gang.job_id] = why
-                if gang.holds_line:
+                if gang.holds_line and gang_failed:
                     holder = gang.job_id
         return PlacementResult(tuple(placed), unplaced, holder)
 
-    def _place_gang(self, gang: GangRequest, out: list[Placement]) -> str:
+    def _place_gang(self, gang: GangRequest, out: list[Placement]) -> tuple[str, bool]:
+        """Why (some of) the gang did not fit, and whether its all-or-nothing part failed."""
+        if not len(self.snap):
+            return "no ready nodes", True
         terms = self._job_terms(gang)
         undos: list[_Undo] = []
         picks: list[Placement] = []
@@ -246,9 +257,9 @@ class Placer:
                 why = self._explain(gang, task, k, terms)
                 if k < need:
                     self._undo(undos)
-                    return why
+                    return why, True
                 out.extend(picks)
-                return why
+                return why, False
             slots = choose_gpus(self.w, i, task.shape) if task.shape.gpu else ()
             undos.append(self._apply(i, task.shape, slots))
             if terms is not None:
@@ -256,7 +267,7 @@ class Placer:
             uuids = tuple(self.snap.g_uuid[i][j] for j in slots)
             picks.append(Placement(gang.job_id, task.task_id, self.snap.ids[i], uuids))
         out.extend(picks)
-        return ""
+        return "", False
 
     def _explain(
         self, gang: GangRequest, task: TaskRequest, k: int, terms: _JobTerms | None
@@ -300,11 +311,12 @@ def describe(shape: Shape) -> str:
 
 def place(
     snap: Snapshot,
-    gangs: Sequence[GangRequest],
+    gangs: Iterable[GangRequest],
     profile: Profile | None = None,
     seed: int = 0,
+    budget: int | None = None,
 ) -> PlacementResult:
-    return Placer(snap, profile, seed).place(gangs)
+    return Placer(snap, profile, seed).place(gangs, budget)
 
 
 __all__ = [
