@@ -83,6 +83,7 @@ class Api:
         self._slots = asyncio.Semaphore(MAX_CONCURRENT)
         self.handlers: dict[str, Callable[[bytes], Awaitable[bytes]]] = {
             "job.submit": self.job_submit,
+            "job.submit_many": self.job_submit_many,
             "job.get": self.job_get,
             "job.list": self.job_list,
             "job.kill": self.job_kill,
@@ -294,6 +295,9 @@ class Api:
             self._inflight[cid] = fut
             futs.append(fut)
         now = time.time()
+        state = self.coord.state
+        for job_id, (_, spec) in zip(job_ids, items, strict=True):
+            state.parsed[job_id] = spec
         try:
             await self._append(
                 leader,
@@ -312,6 +316,8 @@ class Api:
         finally:
             for cid, _ in items:
                 del self._inflight[cid]
+            for job_id in job_ids:
+                state.parsed.pop(job_id, None)  # applied, or never will be
         leader.wake()
         return job_ids
 

@@ -67,6 +67,8 @@ class LogFollower:
 
     async def _on_msg(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
+        if seq <= self.state.last_seq:
+            return  # this candidate wrote it (the writer applies on ack): do not decode twice
         try:
             entry = decode(LogEntry, msg.data, max_size=8 * 1024 * 1024)
         except WireError as exc:

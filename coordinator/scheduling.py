@@ -16,11 +16,11 @@ from coordinator.placement import (
     GpuSlot,
     NodeInfo,
     PlacementResult,
+    Placer,
     Shape,
     Snapshot,
     TaskRequest,
     commit,
-    place,
 )
 from coordinator.state import HOLDING, JobRecord, RegionState
 from workloads.lifecycle import TaskState
@@ -35,6 +35,7 @@ class PlacementConfig:
     that could never fit does not block the region forever."""
 
     profile: str = "default"
+    max_tasks_per_round: int = 4000  # placed per reconcile round (bounds the loop's stall)
     starve_after_s: float = 30.0
     hold_s: float = 60.0
     release_s: float = 15.0
@@ -132,9 +133,10 @@ def place_jobs(
 ) -> PlacementResult:
     """Place `jobs` (in order) on the `ready` nodes, committed against the live state."""
     snap = snapshot(ready, state)
-    gangs = [gang_request(job, now - job.pending_since, config) for job in jobs]
-    plan = place(snap, gangs, PROFILES[config.profile], seed=state.last_seq)
+    gangs = (gang_request(job, now - job.pending_since, config) for job in jobs)
+    placer = Placer(snap, PROFILES[config.profile], seed=state.last_seq)
+    plan = placer.place(gangs, config.max_tasks_per_round)
     by_id = {v.node_id: v for v in ready}
     touched = {p.node_id for p in plan.placed}
     live = {n: node_info(by_id[n], state) for n in touched}
-    return commit(plan, gangs, live)
+    return commit(plan, placer.considered, live)

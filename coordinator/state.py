@@ -157,6 +157,7 @@ class RegionState:
         self.pools = PoolTree(())  # the root alone until a tree is applied
         self.pool_source: dict = {}
         self.preempting: set[str] = set()  # tasks whose attempt is being reclaimed
+        self.parsed: dict[str, JobSpec] = {}  # job id -> its spec, parsed by this process
 
     # ------------------------------------------------------------ fold
 
@@ -209,7 +210,9 @@ class RegionState:
             self.ignored += 1
             return
         try:
-            spec = parse_job_spec(ev.spec)
+            # The leader's API hands over what it parsed (the log holds its `to_dict`,
+            # which parses back equal), so the leader does not parse every spec twice.
+            spec = self.parsed.pop(ev.job_id, None) or parse_job_spec(ev.spec)
         except SpecError:
             # Validated before it was logged; a log written by other code must still not
             # stop the fold, or every candidate would fail on the same entry.

@@ -51,13 +51,30 @@ def wf(
 # ---------------------------------------------------------------- encoding
 
 
+_FIELD_NAMES: dict[type, tuple[tuple[str, ...], str | None]] = {}
+
+
+def _field_names(cls: type) -> tuple[tuple[str, ...], str | None]:
+    """A dataclass's field names and union tag, looked up once per class: asking
+    `dataclasses` on every object was most of the cost of encoding a large log entry."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        tag = cls.__name__ if getattr(cls, "_wire_tagged", False) else None
+        names = _FIELD_NAMES[cls] = (tuple(f.name for f in dataclasses.fields(cls)), tag)
+    return names
+
+
 def to_wire(obj: Any) -> Any:
     """Plain msgpack-able data: dataclasses become maps (tagged with `_t` when they are
     members of a union), tuples lists, enums their values."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = {f.name: to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        if getattr(type(obj), "_wire_tagged", False):
-            out["_t"] = type(obj).__name__
+    cls = type(obj)
+    if cls in _PLAIN:
+        return obj
+    if cls in _FIELD_NAMES or (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
+        names, tag = _field_names(cls)
+        out = {name: to_wire(getattr(obj, name)) for name in names}
+        if tag is not None:
+            out["_t"] = tag
         return out
     if isinstance(obj, enum.Enum):
         return obj.value
@@ -66,6 +83,9 @@ def to_wire(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_wire(v) for k, v in obj.items()}
     return obj
+
+
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
 
 
 def pack(obj: Any) -> bytes:
