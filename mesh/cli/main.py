@@ -66,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ag.add_argument("--seed", type=int, default=0, help="inventory mix seed for --simulate")
     ag.add_argument(
+        "--cpus",
+        type=int,
+        default=0,
+        help="with --simulate: every node has this many cores (4 GiB each), no GPUs, "
+        "instead of the standard mix (for like-for-like comparisons)",
+    )
+    ag.add_argument(
         "--kill-tasks-on-exit",
         action="store_true",
         help="stop running tasks when the agent stops (default: leave them to be re-adopted)",
@@ -207,10 +214,16 @@ async def _until_signal() -> None:
 
 async def _agent(args: argparse.Namespace, ctx: Context) -> int:
     if args.simulate:
-        from agent.hollow import HollowFleet
+        from agent.hollow import GiB, HollowFleet, Inventory
 
+        uniform = [Inventory(args.cpus, args.cpus * 4 * GiB)] * args.simulate if args.cpus else None
         fleet = HollowFleet(
-            ctx.url, ctx.region, args.simulate, seed=args.seed, heartbeat_s=args.heartbeat
+            ctx.url,
+            ctx.region,
+            args.simulate,
+            seed=args.seed,
+            heartbeat_s=args.heartbeat,
+            inventories=uniform,
         )
         await fleet.start()
         try:

@@ -1,0 +1,537 @@
+"""`python -m bench placement`: gang placement at scale, and side by side with Ray.
+
+Five measurements, each reported with what it ran on:
+
+1. core: the placement core alone (`coordinator.scheduling.place_jobs`: snapshot,
+   filters, scores, gangs, commit) on a snapshot of N hollow nodes of the standard mix
+   and a backlog of generated tasks (30 % in gangs of 2-64). Baseline in the same run:
+   a plain Python scan of every node per task (what placement was before the plugin
+   pipeline), on the first tasks of the same backlog.
+2. durable: the same backlog submitted (job.submit_many) to a real region (nats-server,
+   a coordinator process) before N hollow nodes (one fleet process) join; from the
+   first TaskPlaced on the job log to the last assignment acknowledged by the ASSIGN
+   stream: tasks placed per second with their placements and assignments durably
+   written.
+3. e2e: a fresh region with the nodes up; first submit to last task RUNNING on the job
+   log, for M tasks.
+4. latency: the e2e region kept about half full by a steady stream of jobs; per job,
+   submit to every task PLACED on the log, p50/p99.
+5. ray: the same gang shapes placed by our region of K hollow nodes and by Ray placement
+   groups on K raylets (`bench.placement_ray`, needs the `bench` extra); gangs/s each.
+
+Nothing here asserts a timing; the targets are reported as booleans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import time
+import uuid
+from pathlib import Path
+
+from agent.hollow import HollowNode, inventory_mix
+from bench._util import (
+    loadavg,
+    machine,
+    mesh_command,
+    ratio,
+    spawn,
+    stop_process,
+    summary_ms,
+    with_state_dir,
+)
+from coordinator.cluster import NodeView
+from coordinator.scheduling import PlacementConfig, place_jobs
+from coordinator.state import RegionState
+from mesh import subjects
+from mesh.client import MeshClient
+from mesh.codec import WireError, decode
+from mesh.connect import close_quietly, connect
+from mesh.schema import MAX_BATCH, JobSubmitted, LogEntry, LogEvent, TaskPlaced, TaskUpdated
+from mesh.server import EmbeddedServer, ServerConfig
+from workloads.generator import WorkloadConfig, generate
+from workloads.resources import Resources
+
+REGION = "default"
+
+
+# ---------------------------------------------------------------- 1. core
+
+
+def hollow_views(nodes: int, seed: int) -> list[NodeView]:
+    """The NodeViews a leader would hold for a fleet of the standard mix."""
+    views = []
+    for i, inv in enumerate(inventory_mix(nodes, seed)):
+        node = HollowNode(f"hollow-{i:04d}", inv)
+        views.append(NodeView(node.state(REGION), 0.0))
+    return views
+
+
+def backlog_state(specs: list[dict]) -> RegionState:
+    state = RegionState()
+    now = time.time()
+    events: list[LogEvent] = [
+        JobSubmitted(f"job-{i:06d}", f"c-{i}", spec, now) for i, spec in enumerate(specs)
+    ]
+    state.apply(1, LogEntry(term=1, leader_id="bench", events=tuple(events)))
+    return state
+
+
+def naive_place(views: list[NodeView], state: RegionState, limit: int) -> tuple[int, float]:
+    """The baseline: for each task, a Python pass over every node (fit + best fit)."""
+    free = {v.node_id: v.state.capacity for v in views}
+    sim = {v.node_id: v.state.simulated for v in views}
+    placed = 0
+    t0 = time.perf_counter()
+    for job in state.pending_jobs():
+        for t in job.tasks.values():
+            best, best_score = None, 0.0
+            for v in views:
+                avail = free[v.node_id]
+                if sim[v.node_id] != t.simulated or t.resources.shortfall(avail):
+                    continue
+                left = avail - t.resources
+                cap = v.state.capacity
+                score = sum(
+                    getattr(left, k) / getattr(cap, k) for k in Resources.KINDS if getattr(cap, k)
+                )
+                if best is None or score < best_score:
+                    best, best_score = v.node_id, score
+            if best is not None:
+                free[best] = free[best] - t.resources
+                placed += 1
+            if placed >= limit:
+                return placed, time.perf_counter() - t0
+    return placed, time.perf_counter() - t0
+
+
+def core(args: argparse.Namespace) -> dict:
+    views = hollow_views(args.nodes, args.seed)
+    jobs = generate(WorkloadConfig(seed=args.seed, tasks=args.backlog, duration_median_s=3600))
+    t = time.perf_counter()
+    state = backlog_state([j.spec for j in jobs])
+    fold_s = time.perf_counter() - t
+    waiting = state.pending_jobs()
+    t = time.perf_counter()
+    whole = PlacementConfig(max_tasks_per_round=args.backlog)  # one round, all of it
+    result = place_jobs(state, views, waiting, time.time(), whole)
+    place_s = time.perf_counter() - t
+    rate = len(result.placed) / place_s
+    n_base, base_s = naive_place(views, state, args.baseline_tasks)
+    base_rate = n_base / base_s if base_s else None
+    print(
+        f"core: {len(result.placed):,} of {args.backlog:,} tasks placed on {args.nodes:,} nodes "
+        f"in {place_s:.2f}s = {rate:,.0f} tasks/s (fold of the backlog {fold_s:.2f}s); "
+        f"naive scan {base_rate:,.0f} tasks/s over {n_base:,} tasks"
+    )
+    return {
+        "nodes": args.nodes,
+        "backlog_tasks": args.backlog,
+        "placed": len(result.placed),
+        "unplaced_jobs": len(result.unplaced),
+        "seconds": round(place_s, 3),
+        "tasks_per_s": round(rate),
+        "fold_backlog_s": round(fold_s, 3),
+        "baseline_naive_tasks_per_s": round(base_rate) if base_rate else None,
+        "ratio_vs_naive": ratio(rate, base_rate),
+    }
+
+
+# ---------------------------------------------------------------- regions
+
+
+class LogCount:
+    """Counts placements and RUNNING tasks on the job log as they land."""
+
+    def __init__(self) -> None:
+        self.placed = 0
+        self.running = 0
+        self.first_placed: float | None = None
+        self.last_placed = 0.0
+        self.last_running = 0.0
+        self.placed_at: dict[str, list[float]] = {}  # job -> times its tasks were placed
+
+    async def on_msg(self, msg) -> None:
+        now = time.perf_counter()
+        try:
+            entry = decode(LogEntry, msg.data, max_size=16 * 1024 * 1024)
+        except WireError:
+            return
+        for ev in entry.events:
+            if isinstance(ev, TaskPlaced):
+                self.placed += 1
+                self.first_placed = self.first_placed or now
+                self.last_placed = now
+                self.placed_at.setdefault(ev.job_id, []).append(now)
+            elif isinstance(ev, TaskUpdated) and ev.state == "RUNNING":
+                self.running += 1
+                self.last_running = now
+
+
+class Region:
+    """nats-server, a coordinator process and (when asked) a hollow fleet process."""
+
+    def __init__(self, work: Path, nodes: int, seed: int) -> None:
+        self.work = work
+        self.nodes = nodes
+        self.seed = seed
+        self.server = EmbeddedServer(ServerConfig(store_dir=str(work / "nats")))
+        self.procs = []
+        self.count = LogCount()
+
+    async def start(self, fleet: bool = True) -> None:
+        self.server.start()
+        url = self.server.url
+        cmd = mesh_command(url, REGION, "coordinator", "--id", "c1")
+        if os.environ.get("MESH_BENCH_PYSPY"):  # profile the leader: py-spy record
+            out = os.environ["MESH_BENCH_PYSPY"] + f"-{self.work.name}.txt"
+            cmd = ["py-spy", "record", "-f", "raw", "-o", out, "--", *cmd]
+        self.procs.append(spawn(cmd, self.work / "coord.log"))
+        self.nc = await connect(url, name="bench-placement")
+        self.js = self.nc.jetstream(timeout=30.0)
+        self.client = MeshClient(self.nc, timeout=60.0)
+        await self._wait(lambda info: info["leader"])
+        self.sub = await self.js.subscribe(
+            subjects.job_log(REGION),
+            stream=subjects.log_stream(REGION),
+            ordered_consumer=True,
+            cb=self.count.on_msg,
+            pending_msgs_limit=1_000_000,
+        )
+        if fleet:
+            await self.start_fleet()
+
+    async def start_fleet(self) -> float:
+        t = time.monotonic()
+        cmd = ["agent", "--simulate", str(self.nodes), "--seed", str(self.seed)]
+        self.procs.append(
+            spawn(mesh_command(self.server.url, REGION, *cmd), self.work / "fleet.log")
+        )
+        await self._wait(lambda info: info["nodes"].get("ready", 0) >= self.nodes, 300)
+        return time.monotonic() - t
+
+    async def _wait(self, pred, timeout: float = 120) -> dict:
+        t0 = time.monotonic()
+        while True:
+            with contextlib.suppress(Exception):
+                info = await self.client.cluster_info()
+                if pred(info):
+                    return info
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError("region not ready")
+            await asyncio.sleep(0.25)
+
+    async def submit(self, specs: list[dict], concurrency: int = 4) -> list[str]:
+        batches = [specs[i : i + MAX_BATCH // 2] for i in range(0, len(specs), MAX_BATCH // 2)]
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(batch):
+            async with sem:
+                return await self.client.submit_many(batch)
+
+        results = await asyncio.gather(*(one(b) for b in batches))
+        ids = [r.get("job_id", "") for rs in results for r in rs]
+        errors = [r["error"] for rs in results for r in rs if "error" in r]
+        if errors:
+            raise RuntimeError(f"{len(errors)} submits failed, first: {errors[0]}")
+        return ids
+
+    async def assign_seq(self) -> int:
+        info = await self.js.stream_info(subjects.assign_stream(REGION))
+        return info.state.last_seq
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.sub.unsubscribe()
+        await close_quietly(self.nc)
+        for p in reversed(self.procs):
+            stop_process(p, timeout=20)
+        self.server.stop()
+
+
+# ---------------------------------------------------------------- 2. durable
+
+
+async def durable(args: argparse.Namespace, work: Path) -> dict:
+    region = Region(work / "durable", args.nodes, args.seed)
+    try:
+        await region.start(fleet=False)
+        specs = [
+            j.spec
+            for j in generate(
+                WorkloadConfig(seed=args.seed, tasks=args.backlog, duration_median_s=3600)
+            )
+        ]
+        t = time.monotonic()
+        await region.submit(specs)
+        submit_s = time.monotonic() - t
+        seq0 = await region.assign_seq()
+        fleet_s = await region.start_fleet()
+        # Placement goes on while nodes join; wait until it stops moving.
+        last, still = -1, 0
+        while still < 4:
+            await asyncio.sleep(1.0)
+            still = still + 1 if region.count.placed == last else 0
+            last = region.count.placed
+        c = region.count
+        assigned = await region.assign_seq() - seq0
+        span = c.last_placed - (c.first_placed or c.last_placed)
+        rate = c.placed / span if span else None
+        print(
+            f"durable: {c.placed:,} of {args.backlog:,} tasks placed and {assigned:,} assignments "
+            f"written in {span:.2f}s = {rate or 0:,.0f} tasks/s (submit {submit_s:.1f}s, "
+            f"fleet of {args.nodes:,} up in {fleet_s:.1f}s)"
+        )
+        return {
+            "nodes": args.nodes,
+            "backlog_tasks": args.backlog,
+            "placed": c.placed,
+            "assignments_written": assigned,
+            "seconds": round(span, 3),
+            "tasks_per_s": round(rate) if rate else None,
+            "submit_s": round(submit_s, 2),
+            "fleet_start_s": round(fleet_s, 1),
+        }
+    finally:
+        await region.stop()
+
+
+# ---------------------------------------------------------------- 3-4. e2e and latency
+
+
+async def e2e_and_latency(args: argparse.Namespace, work: Path) -> tuple[dict, dict]:
+    region = Region(work / "e2e", args.nodes, args.seed)
+    try:
+        await region.start()
+        cfg = WorkloadConfig(
+            seed=args.seed + 1, tasks=args.e2e, gpu_fraction=0.05, duration_median_s=3600
+        )
+        specs = [j.spec for j in generate(cfg)]
+        total = sum(sum(g.get("count", 1) for g in s["tasks"]) for s in specs)
+        c = region.count
+        t0 = time.perf_counter()
+        await region.submit(specs)
+        submit_s = time.perf_counter() - t0
+        deadline = time.monotonic() + args.timeout
+        last, still = -1, 0
+        while c.running < total and time.monotonic() < deadline and still < 10:
+            await asyncio.sleep(0.5)
+            still = still + 1 if c.running == last else 0
+            last = c.running
+        e2e_s = c.last_running - t0
+        rate = c.running / e2e_s if e2e_s > 0 else None
+        print(
+            f"e2e: {c.running:,} of {total:,} tasks RUNNING {e2e_s:.2f}s after the first submit "
+            f"= {rate or 0:,.0f} tasks/s (submits took {submit_s:.1f}s)"
+        )
+        e2e = {
+            "nodes": args.nodes,
+            "tasks": total,
+            "running": c.running,
+            "seconds": round(e2e_s, 3),
+            "tasks_per_s": round(rate) if rate else None,
+            "submit_s": round(submit_s, 2),
+        }
+        latency = await steady_latency(args, region)
+        return e2e, latency
+    finally:
+        await region.stop()
+
+
+async def steady_latency(args: argparse.Namespace, region: Region) -> dict:
+    """On the region the e2e run left busy (its tasks run for an hour), a steady stream
+    of small jobs (singles and gangs of 2-8, a few seconds each); the occupancy it ran
+    at is measured and reported, not assumed."""
+    nodes = await region.client.nodes()
+    cores = sum(n["capacity"]["cpu"] for n in nodes)
+    used = sum(n["allocated"]["cpu"] for n in nodes)
+    rng = random.Random(args.seed)
+    c = region.count
+    pending: dict[str, tuple[float, int]] = {}
+    t_end = time.monotonic() + args.latency_s
+    while time.monotonic() < t_end:
+        size = 1 if rng.random() < 0.7 else rng.choice((2, 4, 8))
+        spec = {
+            "name": "lat",
+            "tasks": [
+                {
+                    "role": "w",
+                    "count": size,
+                    "resources": {"cpu": 1, "memory": "1Gi"},
+                    "simulate": {"duration": 5.0},
+                }
+            ],
+        }
+        t = time.perf_counter()
+        job_id = await region.client.submit(spec, client_id=uuid.uuid4().hex)
+        pending[job_id] = (t, size)
+        await asyncio.sleep(1.0 / args.latency_rate)
+    await asyncio.sleep(3.0)
+    lat = []
+    for job_id, (t, size) in pending.items():
+        at = c.placed_at.get(job_id, [])
+        if len(at) >= size:
+            lat.append(max(at[:size]) - t)
+    s = summary_ms(lat)
+    occupancy = used / cores if cores else 0.0
+    print(f"latency at {occupancy:.0%} of cores allocated: submit -> all placed {s}")
+    return {
+        "jobs": len(pending),
+        "placed": len(lat),
+        "submit_to_placed_ms": s,
+        "rate_jobs_per_s": args.latency_rate,
+        "cpu_occupancy": round(occupancy, 3),
+    }
+
+
+# ---------------------------------------------------------------- 5. ray
+
+
+def ray_gang_shapes(count: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.choice((1, 2))] * rng.choice((2, 4, 8)) for _ in range(count)]
+
+
+async def ours_gangs(args: argparse.Namespace, work: Path, gangs: list[list[int]]) -> dict:
+    """Our region on K hollow nodes of cpus_per_node cores, the same gangs, all submitted
+    at once; time until every task is PLACED on the log."""
+    server = EmbeddedServer(ServerConfig(store_dir=str(work / "ray-ours" / "nats"))).start()
+    procs = []
+    try:
+        url = server.url
+        procs.append(
+            spawn(
+                mesh_command(url, REGION, "coordinator", "--id", "c1"),
+                work / "ray-ours" / "coord.log",
+            )
+        )
+        procs.append(
+            spawn(
+                mesh_command(
+                    url,
+                    REGION,
+                    "agent",
+                    "--simulate",
+                    str(args.ray_nodes),
+                    "--cpus",
+                    str(args.ray_cpus),
+                ),
+                work / "ray-ours" / "fleet.log",
+            )
+        )
+        region = Region(work / "ray-ours", args.ray_nodes, args.seed)
+        region.server, region.procs = server, []
+        region.nc = await connect(url, name="bench-ray-ours")
+        region.js = region.nc.jetstream(timeout=30.0)
+        region.client = MeshClient(region.nc, timeout=60.0)
+        await region._wait(lambda i: i["leader"] and i["nodes"].get("ready", 0) >= args.ray_nodes)
+        region.sub = await region.js.subscribe(
+            subjects.job_log(REGION),
+            stream=subjects.log_stream(REGION),
+            ordered_consumer=True,
+            cb=region.count.on_msg,
+        )
+        specs = [
+            {
+                "name": f"g{i}",
+                "placement": {"strategy": "pack"},
+                "tasks": [
+                    {
+                        "role": "w",
+                        "count": len(g),
+                        "resources": {"cpu": g[0], "memory": "64Mi"},
+                        "simulate": {"duration": 3600.0},
+                    }
+                ],
+            }
+            for i, g in enumerate(gangs)
+        ]
+        tasks = sum(len(g) for g in gangs)
+        t0 = time.perf_counter()
+        await region.submit(specs)
+        while region.count.placed < tasks and time.perf_counter() - t0 < 120:
+            await asyncio.sleep(0.02)
+        span = region.count.last_placed - t0
+        await close_quietly(region.nc)
+        return {
+            "gangs": len(gangs),
+            "tasks": tasks,
+            "placed": region.count.placed,
+            "seconds": round(span, 3),
+            "gangs_per_s": round(len(gangs) / span, 1),
+        }
+    finally:
+        for p in reversed(procs):
+            stop_process(p, timeout=20)
+        server.stop()
+
+
+async def ray_side_by_side(args: argparse.Namespace, work: Path) -> dict:
+    try:
+        from bench.placement_ray import ray_gangs
+    except ImportError as exc:
+        return {"skipped": f"bench.placement_ray unavailable: {exc}"}
+    gangs = ray_gang_shapes(args.ray_gangs, args.seed)
+    ours = await ours_gangs(args, work, gangs)
+    ray = await asyncio.to_thread(ray_gangs, args.ray_nodes, args.ray_cpus, gangs, "PACK", "batch")
+    print(
+        f"gangs/s on {args.ray_nodes} nodes: ours {ours.get('gangs_per_s')}, "
+        f"ray {ray.get('gangs_per_s')}"
+    )
+    return {
+        "ours": ours,
+        "ray": ray,
+        "ratio_ours_over_ray": ratio(ours.get("gangs_per_s"), ray.get("gangs_per_s")),
+    }
+
+
+# ---------------------------------------------------------------- main
+
+
+async def run(args: argparse.Namespace, work: Path) -> dict:
+    out: dict = {"machine": machine(), "date": time.strftime("%Y-%m-%d")}
+    if "core" in args.phases:
+        out["core"] = core(args)
+    if "durable" in args.phases:
+        out["durable"] = await durable(args, work)
+    if "e2e" in args.phases:
+        out["e2e"], out["latency"] = await e2e_and_latency(args, work)
+    if "ray" in args.phases:
+        out["ray"] = await ray_side_by_side(args, work)
+    out["loadavg_1m"] = loadavg()
+    out["targets"] = {
+        "placed_ge_10k_per_s": (out.get("durable", {}).get("tasks_per_s") or 0) >= 10_000,
+        "e2e_ge_5k_per_s": (out.get("e2e", {}).get("tasks_per_s") or 0) >= 5_000,
+        "latency_p99_le_50ms": out.get("latency", {}).get("submit_to_placed_ms", {}).get("p99", 1e9)
+        <= 50,
+    }
+    return out
+
+
+def main(argv: list[str]) -> dict:
+    p = argparse.ArgumentParser(prog="python -m bench placement")
+    p.add_argument("--nodes", type=int, default=5000)
+    p.add_argument("--backlog", type=int, default=100_000)
+    p.add_argument("--e2e", type=int, default=50_000)
+    p.add_argument("--baseline-tasks", type=int, default=2000)
+    p.add_argument("--latency-s", type=float, default=20.0)
+    p.add_argument("--latency-rate", type=float, default=20.0, help="jobs/s")
+    p.add_argument("--ray-nodes", type=int, default=8)
+    p.add_argument("--ray-cpus", type=int, default=16)
+    p.add_argument("--ray-gangs", type=int, default=40)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--phases", default="core,durable,e2e,ray")
+    p.add_argument("--state-dir", help="keep logs here (default: a temporary directory)")
+    p.add_argument("--quick", action="store_true", help="500 nodes, 5,000 tasks")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.nodes, args.backlog, args.e2e, args.latency_s = 500, 5000, 5000, 5.0
+    args.phases = set(args.phases.split(","))
+    return with_state_dir(
+        args.state_dir, "mesh-bench-placement-", lambda work: asyncio.run(run(args, work))
+    )
