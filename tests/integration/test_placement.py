@@ -103,3 +103,42 @@ async def test_spread_puts_a_gang_across_zones(region):
         "zone-b": 2,
         "zone-c": 2,
     }
+
+
+async def test_a_fractional_gpu_task_lands_on_the_gpu_measured_to_have_room(region):
+    # One node, two idle-by-allocation GPUs; GPU 0 is 90 % busy with work Mesh did not
+    # place (its agent measures it), GPU 1 20 %. A quarter-GPU task must go to GPU 1.
+    inv = Inventory(16, 64 * GiB, "A100", 2, 80 * GiB, enforcement="mps")
+    await region.coordinator()
+    fleet = await region.fleet(inventories=[inv], heartbeat_s=0.2)
+    node = fleet.nodes["hollow-0000"]
+    busy, idle = node.gpu_uuid(0), node.gpu_uuid(1)
+    fleet.set_gpu_background(busy, 90)
+    fleet.set_gpu_background(idle, 20)
+    await region.ready(1)
+
+    async def measured():
+        gpus = (await region.client.node("hollow-0000"))["gpus"]
+        return {g["uuid"]: g["utilization"] for g in gpus} == {busy: 90, idle: 20}
+
+    await eventually(measured)
+    spec = gang_spec("frac", 1, 1)
+    spec["tasks"][0]["resources"].update({"gpu": 0.25, "gpu_memory": "10Gi"})
+    spec["placement"] = {"gpu_isolation": "mps"}
+    job_id = await region.client.submit(spec)
+    await job_nodes(region.client, job_id, 1)
+    task = (await region.client.job(job_id))["task_list"][0]
+    assert task["gpu_uuids"] == [idle]
+    # Swap the load: the next quarter goes to the GPU that is now quiet, although the
+    # other already holds a quarter (packing fractions would otherwise pick it).
+    fleet.set_gpu_background(busy, 5)
+    fleet.set_gpu_background(idle, 95)
+
+    async def swapped():
+        gpus = (await region.client.node("hollow-0000"))["gpus"]
+        return {g["uuid"]: g["utilization"] for g in gpus}[busy] == 5
+
+    await eventually(swapped)
+    second = await region.client.submit({**spec, "name": "frac2"})
+    await job_nodes(region.client, second, 1)
+    assert (await region.client.job(second))["task_list"][0]["gpu_uuids"] == [busy]
