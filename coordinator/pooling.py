@@ -19,7 +19,6 @@ from coordinator.pools import (
 )
 from coordinator.state import HOLDING, JobRecord, RegionState
 from mesh.schema import TaskPreemptRequested
-from workloads.lifecycle import TaskState
 from workloads.resources import Resources
 
 ADMISSION_LOOKAHEAD = 16
@@ -47,43 +46,54 @@ class _Held:
     started: float
 
 
-def _pending_resources(job: JobRecord) -> Resources:
-    total = Resources()
-    for t in job.tasks.values():
-        if t.state == TaskState.PENDING:
-            total = total + t.resources
-    return total
-
-
 def pool_view(
     state: RegionState, capacity: Resources, waiting: list[JobRecord], now: float
 ) -> PoolView:
     leaves = set(state.pools.leaves())
-    pending = [
-        PendingJob(
-            j.job_id, j.spec.pool, _pending_resources(j), j.spec.priority, j.spec.preemptible
-        )
-        for j in waiting
-    ]
+    # A job's PendingJob changes only when its pending tasks do: keep it between rounds.
+    cache: dict[str, tuple[int, PendingJob]] = state.memo.setdefault("pending_jobs", {})
+    pending = []
+    for j in waiting:
+        hit = cache.get(j.job_id)
+        if hit is None or hit[0] != j.pending:
+            s = j.spec
+            hit = cache[j.job_id] = (
+                j.pending,
+                PendingJob(j.job_id, s.pool, j.pending_resources, s.priority, s.preemptible),
+            )
+        pending.append(hit[1])
+    if len(cache) > 2 * len(state.waiting) + 1024:
+        for job_id in [k for k in cache if k not in state.waiting]:
+            del cache[job_id]
+    # Sums as int lists, not Resources: this loop visits every running task each round.
     held: dict[str, _Held] = {}
-    allocation: dict[str, Resources] = {}
-    non_preemptible: dict[str, Resources] = {}
+    alloc: dict[str, list[int]] = {}
+    fixed: dict[str, list[int]] = {}
+    per_job: dict[str, list[int]] = {}
     reclaimed: set[str] = {state.tasks[t].job_id for t in state.preempting}
     for node_tasks in state.node_tasks.values():
         for tid in node_tasks:
             t = state.tasks[tid]
             job = state.jobs[t.job_id]
             pool = job.spec.pool
-            allocation[pool] = allocation.get(pool, Resources()) + t.resources
+            r = t.resources
+            row = (r.cpu, r.memory, r.disk, r.gpu, r.gpu_memory)
+            _add(alloc, pool, row)
             if not job.spec.preemptible:
-                non_preemptible[pool] = non_preemptible.get(pool, Resources()) + t.resources
+                _add(fixed, pool, row)
             if job.job_id in reclaimed or pool not in leaves:
                 continue
-            h = held.setdefault(job.job_id, _Held(Resources(), 0, now))
-            h.resources = h.resources + t.resources
+            _add(per_job, job.job_id, row)
+            h = held.get(job.job_id)
+            if h is None:
+                h = held[job.job_id] = _Held(Resources(), 0, now)
             h.tasks += 1
             if t.started_at is not None:
                 h.started = min(h.started, t.started_at)
+    for jid, h in held.items():
+        h.resources = Resources(*per_job[jid])
+    allocation = {p: Resources(*v) for p, v in alloc.items()}
+    non_preemptible = {p: Resources(*v) for p, v in fixed.items()}
     running = []
     for jid, h in sorted(held.items()):
         res, n, started = h.resources, h.tasks, h.started
@@ -106,15 +116,33 @@ def pool_view(
     return PoolView(capacity, pending, running, allocation, non_preemptible, demand, entitlement)
 
 
+def _add(acc: dict[str, list[int]], key: str, row: tuple[int, ...]) -> None:
+    v = acc.get(key)
+    if v is None:
+        acc[key] = list(row)
+    else:
+        for i, x in enumerate(row):
+            v[i] += x
+
+
 def admitted_jobs(
-    state: RegionState, view: PoolView, skip: frozenset[str] = frozenset()
+    state: RegionState,
+    view: PoolView,
+    skip: frozenset[str] = frozenset(),
+    only: set[str] | None = None,
 ) -> tuple[set[str], dict[str, str]]:
     """Which waiting jobs may be placed now, and why the others wait. Jobs in `skip`
-    (admitted but found not to fit any node) take no share of their pool's budget."""
+    (admitted but found not to fit any node) take no share of their pool's budget;
+    with `only`, just those jobs are looked at (a window of a long queue)."""
     leaves = set(state.pools.leaves())
+    pending = view.pending
+    if skip or only is not None:
+        pending = [
+            p for p in pending if p.job_id not in skip and (only is None or p.job_id in only)
+        ]
     decision = admit(
         state.pools,
-        [p for p in view.pending if p.job_id not in skip] if skip else view.pending,
+        pending,
         view.entitlement,
         {p: r for p, r in view.allocation.items() if p in leaves},
         {p: r for p, r in view.non_preemptible.items() if p in leaves},

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from coordinator.cluster import DOWN, READY, NodeView
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
-from coordinator.scheduling import PlacementConfig, place_jobs
+from coordinator.scheduling import PlacementConfig, place_jobs, window
 from coordinator.state import HOLDING, RegionState
 from mesh.schema import LogEvent, TaskEvent, TaskPlaced, TaskUpdated
 from workloads.lifecycle import ENDED, FINAL, TaskState
@@ -219,7 +219,11 @@ def _place_waiting(
     if idle is not None and idle[0] == idle_key:
         d.unplaced.update(idle[1])
         return
-    admitted, blocked = admitted_jobs(state, d.pools)
+    looked, cursor = window(waiting, state.memo.get("window_cursor", 0), config.window_jobs)
+    state.memo["window_cursor"] = cursor
+    only = {j.job_id for j in looked} if len(looked) < len(waiting) else None
+    waiting = looked
+    admitted, blocked = admitted_jobs(state, d.pools, only=only)
     if not admitted:
         d.unplaced.update(blocked)
         return
@@ -228,7 +232,7 @@ def _place_waiting(
     if misfits and blocked and not result.line_held_by:
         # Admitted gangs that fit no node hold no budget: admit again without them,
         # so the jobs behind them in their pool can use what they could not.
-        again, still_blocked = admitted_jobs(state, d.pools, misfits)
+        again, still_blocked = admitted_jobs(state, d.pools, misfits, only)
         if again - admitted:
             why = {j: result.unplaced[j] for j in misfits}
             jobs = [j for j in waiting if j.job_id in again]

@@ -36,6 +36,7 @@ class PlacementConfig:
 
     profile: str = "default"
     max_tasks_per_round: int = 4000  # placed per reconcile round (bounds the loop's stall)
+    window_jobs: int = 2000  # jobs looked at per round: the queue's head, and as many more
     starve_after_s: float = 30.0
     hold_s: float = 60.0
     release_s: float = 15.0
@@ -45,6 +46,20 @@ class PlacementConfig:
             raise ValueError(
                 f"unknown placement profile {self.profile!r}; known: {sorted(PROFILES)}"
             )
+
+
+def window(jobs: list[JobRecord], cursor: int, size: int) -> tuple[list[JobRecord], int]:
+    """The jobs one round looks at: the head of the queue, and `size` more from `cursor`
+    on (wrapping), so a long queue costs a bounded round and every job is looked at
+    within len(jobs)/size rounds, whatever sits at the head. Returns the next cursor."""
+    if len(jobs) <= 2 * size:
+        return jobs, 0
+    rest = len(jobs) - size
+    start = size + cursor % rest
+    picked = jobs[:size] + jobs[start : start + size]
+    if len(picked) < 2 * size:
+        picked += jobs[size : size + 2 * size - len(picked)]
+    return picked, (cursor + size) % rest
 
 
 def holds_line(waited: float, config: PlacementConfig) -> bool:

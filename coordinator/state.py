@@ -10,6 +10,7 @@ attempt, an illegal transition) is ignored, so replaying a log is always safe.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from coordinator.pools import PoolConfigError, PoolTree, parse_pool_tree
 from mesh.schema import (
@@ -98,6 +99,8 @@ class JobRecord:
     kill_reason: str = ""
     submit_seq: int = 0
     pending: int = 0  # tasks in PENDING, kept by the fold
+    pending_resources: Resources = Resources()  # what those tasks ask for, summed
+    order: tuple[int, int] = (0, 0)  # queue order: higher priority first, then older
     pending_since: float = 0.0  # when its tasks last started waiting (starvation guard)
 
     @property
@@ -225,6 +228,8 @@ class RegionState:
                 tasks[tid] = TaskRecord(tid, ev.job_id, group.role, i, group)
         job = JobRecord(ev.job_id, ev.client_id, spec, ev.ts, tasks, submit_seq=seq)
         job.pending = len(tasks)
+        job.pending_resources = spec.total_resources
+        job.order = (-spec.priority, seq)
         job.pending_since = ev.ts
         self.jobs[ev.job_id] = job
         self.waiting.add(ev.job_id)
@@ -332,6 +337,10 @@ class RegionState:
         if job.pending == 0 and delta > 0:
             job.pending_since = ts
         job.pending += delta
+        if delta > 0:
+            job.pending_resources = job.pending_resources + task.resources
+        else:
+            job.pending_resources = job.pending_resources - task.resources
         if job.pending > 0:
             self.waiting.add(job.job_id)
         else:
@@ -350,5 +359,5 @@ class RegionState:
     def pending_jobs(self) -> list[JobRecord]:
         """Jobs with PENDING tasks, highest priority first, then oldest first."""
         jobs = [self.jobs[j] for j in self.waiting if not self.jobs[j].kill_requested]
-        jobs.sort(key=lambda j: (-j.spec.priority, j.submit_seq))
+        jobs.sort(key=attrgetter("order"))
         return jobs

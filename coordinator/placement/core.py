@@ -30,6 +30,7 @@ from coordinator.placement.plugins import (
     Shape,
     choose_gpus,
     copies_fitting,
+    gpu_fits,
     pipeline,
     rejections,
     request,
@@ -89,6 +90,7 @@ class _ShapeArrays:
     static_score: np.ndarray  # static scores plus the tie-break
     total: np.ndarray  # static + dynamic score where feasible, -inf elsewhere
     seen: int  # how much of the change log it reflects
+    hot: int = -1  # the node it last chose by a full argmax (see Placer._pick)
 
 
 @dataclass(slots=True)
@@ -118,8 +120,16 @@ class Placer:
         self.jitter = np.random.default_rng(seed).random(len(snap)) * TIE_BREAK
         self.all = np.arange(len(snap))
         self.changes: list[int] = []
+        self._run_node = -1  # the node the latest changes were all on, since _run_start
+        self._run_start = 0
         self.shapes: dict[Shape, _ShapeArrays] = {}
+        w = self.profile.weights
+        # Scores that never fall on the node that takes a task (binpack, whole-GPU fit)
+        # with weights >= 0, and constant ones: then the node a task just went to stays
+        # the best for the next task of its shape while it still fits (see _pick).
+        self._monotone = w.get("binpack", 0) >= 0 and w.get("gpu_fit", 0) >= 0
         self._rejections: dict[Shape, tuple[int, dict[str, int]]] = {}
+        self._undos = 0
 
     # ------------------------------------------------------------ shape arrays
 
@@ -148,7 +158,7 @@ class Placer:
             elif len(stale) > FULL_REFRESH * len(self.snap):
                 self._refresh(arr, self.all, shape)
             else:
-                self._refresh(arr, np.unique(np.array(stale, dtype=np.int64)), shape)
+                self._refresh(arr, np.array(sorted(set(stale)), dtype=np.int64), shape)
             arr.seen = len(self.changes)
         return arr.total
 
@@ -197,15 +207,60 @@ class Placer:
             total[held] = -np.inf
         return total
 
-    def _apply(self, i: int, shape: Shape, slots: tuple[int, ...]) -> _Undo:
+    def _pick(self, shape: Shape, gang: GangRequest, terms: _JobTerms | None) -> int | None:
+        """The best node for one task of `shape`, or None if none can take it.
+
+        The fast path: when every node that changed since this shape's array was last
+        refreshed is the one node it last chose, and the profile's scores never fall on
+        a node that takes a task, that node is still the argmax (its score rose or
+        stayed, the others did not move, ties went to it before): if it still fits, it
+        is the answer, with no refresh and no argmax. Placing a gang or a run of equal
+        jobs then costs one argmax per node filled, not one per task."""
+        arr = self.shapes.get(shape)
+        if (
+            terms is None
+            and arr is not None
+            and arr.hot >= 0
+            and self._monotone
+            and not shape.fractional
+            and (
+                arr.seen == len(self.changes)
+                or (self._run_node == arr.hot and self._run_start <= arr.seen)
+            )
+            and self._fits(arr.hot, shape)
+        ):
+            return arr.hot
+        total = self._candidates(shape, gang, terms)
+        i = int(np.argmax(total))
+        if not np.isfinite(total[i]):
+            return None
+        if terms is None:
+            self.shapes[shape].hot = i
+        return i
+
+    def _fits(self, i: int, shape: Shape) -> bool:
+        if not (self.w.free[i] >= request(shape)).all():
+            return False
+        if shape.gpu:
+            return int(gpu_fits(self.w, slice(i, i + 1), shape)[0].sum()) >= shape.whole_gpus
+        return True
+
+    def _changed(self, i: int) -> None:
+        if i != self._run_node:
+            self._run_node, self._run_start = i, len(self.changes)
+        self.changes.append(i)
+
+    def _apply(self, i: int, shape: Shape, slots: tuple[int, ...], keep: bool) -> _Undo | None:
         w = self.w
-        undo = _Undo(i, w.free[i].copy(), w.g_alloc[i].copy(), w.g_free_mem[i].copy())
+        undo = None
+        if keep:
+            undo = _Undo(i, w.free[i].copy(), w.g_alloc[i].copy(), w.g_free_mem[i].copy())
         w.free[i] -= request(shape)
         each = shape.gpu if shape.fractional else WHOLE
         for j in slots:
             w.g_alloc[i, j] += each
             w.g_free_mem[i, j] -= shape.gpu_memory_each
-        self.changes.append(i)
+        self._changed(i)
         return undo
 
     def _undo(self, undos: list[_Undo]) -> None:
@@ -213,7 +268,10 @@ class Placer:
             self.w.free[u.node] = u.free
             self.w.g_alloc[u.node] = u.g_alloc
             self.w.g_free_mem[u.node] = u.g_free_mem
-            self.changes.append(u.node)
+            self._changed(u.node)
+        self._undos += 1
+        for arr in self.shapes.values():
+            arr.hot = -1  # a node given back is not known to be anyone's best any more
 
     # ------------------------------------------------------------ gangs
 
@@ -251,9 +309,8 @@ class Placer:
         picks: list[Placement] = []
         need = gang.gang_size
         for k, task in enumerate(gang.tasks):
-            total = self._candidates(task.shape, gang, terms)
-            i = int(np.argmax(total))
-            if not np.isfinite(total[i]):
+            i = self._pick(task.shape, gang, terms)
+            if i is None:
                 why = self._explain(gang, task, k, terms)
                 if k < need:
                     self._undo(undos)
@@ -261,7 +318,9 @@ class Placer:
                 out.extend(picks)
                 return why, False
             slots = choose_gpus(self.w, i, task.shape) if task.shape.gpu else ()
-            undos.append(self._apply(i, task.shape, slots))
+            undo = self._apply(i, task.shape, slots, keep=need > 1)
+            if undo is not None:
+                undos.append(undo)
             if terms is not None:
                 self._count(terms, i, +1)
             uuids = tuple(self.snap.g_uuid[i][j] for j in slots)
@@ -274,9 +333,11 @@ class Placer:
     ) -> str:
         if not len(self.snap):
             return "no ready nodes"
+        # Counted again only after capacity was given back (an undo): placements alone
+        # never make a rejecting node accept, so within a round the first count stands.
         cached = self._rejections.get(task.shape)
-        if cached is None or cached[0] != len(self.changes):
-            cached = (len(self.changes), rejections(self.w, task.shape))
+        if cached is None or cached[0] != self._undos:
+            cached = (self._undos, rejections(self.w, task.shape))
             self._rejections[task.shape] = cached
         counts = dict(cached[1])
         if gang.anti_affinity and terms is not None:

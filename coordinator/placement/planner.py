@@ -32,12 +32,14 @@ def commit(
     accepted: list[Placement] = []
     unplaced = dict(plan.unplaced)
     for job_id, placements in by_job.items():
-        saved = (w.free.copy(), w.g_alloc.copy(), w.g_free_mem.copy())
+        rows = {w.snap.index[p.node_id] for p in placements if p.node_id in w.snap.index}
+        saved = {i: (w.free[i].copy(), w.g_alloc[i].copy(), w.g_free_mem[i].copy()) for i in rows}
         conflict = next((p for p in placements if not _take(w, p, shapes[p.task_id])), None)
         if conflict is None:
             accepted.extend(placements)
             continue
-        w.free, w.g_alloc, w.g_free_mem = saved
+        for i, (free, g_alloc, g_free_mem) in saved.items():
+            w.free[i], w.g_alloc[i], w.g_free_mem[i] = free, g_alloc, g_free_mem
         unplaced[job_id] = (
             f"node {conflict.node_id} changed since the placement snapshot; placing again"
         )

@@ -96,6 +96,11 @@ def check_indexes(state: RegionState) -> None:
     }
     for job in state.jobs.values():
         assert job.pending == sum(t.state == S.PENDING for t in job.tasks.values()), job.job_id
+        asked = Resources()
+        for t in job.tasks.values():
+            if t.state == S.PENDING:
+                asked = asked + t.resources
+        assert job.pending_resources == asked, job.job_id
     holding: dict[str, set[str]] = {}
     for tid, t in tasks.items():
         if t.state in HOLDING:
@@ -108,6 +113,15 @@ def check_indexes(state: RegionState) -> None:
         for tid in tids:
             total = total + tasks[tid].resources
         assert state.allocated(node) == total
+    gpus: dict[tuple[str, str], tuple[int, int]] = {}
+    for t in tasks.values():
+        if t.state in HOLDING and t.gpu_uuids:
+            n = len(t.gpu_uuids)
+            share = t.resources.gpu if n == 1 else t.resources.gpu // n
+            for uuid in t.gpu_uuids:
+                m, b = gpus.get((t.node_id, uuid), (0, 0))
+                gpus[t.node_id, uuid] = (m + share, b + t.resources.gpu_memory // n)
+    assert state.gpu_alloc == {k: v for k, v in gpus.items() if v != (0, 0)}
     for tid, t in tasks.items():
         if t.state == S.PENDING:
             assert t.node_id == "" and t.gpu_uuids == (), tid
@@ -557,6 +571,12 @@ class Tape:
 
 
 SPECS = [job_spec(roles=ROLES, retries=r) for r in (0, 1, 2)]
+# GPU jobs too, so the per-GPU grants are folded (and released) under random events.
+SPECS.append(job_spec(roles=ROLES))
+SPECS[-1]["tasks"][0]["resources"].update({"gpu": 0.25, "gpu_memory": "1Gi"})
+SPECS.append(job_spec(roles=ROLES))
+SPECS[-1]["tasks"][0]["resources"].update({"gpu": 2, "gpu_memory": "2Gi"})
+GPU_CHOICES = [(), ("g0",), ("g1",), ("g0", "g1")]
 
 
 def next_event(tape: Tape, state: RegionState):
@@ -573,7 +593,12 @@ def next_event(tape: Tape, state: RegionState):
     job_id = tid.split(".")[0]
     if kind == "place":
         return TaskPlaced(
-            job_id, tid, tape.pick([cur + 1, cur + 1, cur, cur + 2, 0]), tape.pick(NODES), 0.0
+            job_id,
+            tid,
+            tape.pick([cur + 1, cur + 1, cur, cur + 2, 0]),
+            tape.pick(NODES),
+            0.0,
+            tape.pick(GPU_CHOICES),
         )
     attempt = tape.pick([cur, cur, cur, max(cur - 1, 0), cur + 1])
     legal = sorted(TRANSITIONS[t.state] - {S.PLACED}) if t is not None else []
