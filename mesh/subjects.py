@@ -24,6 +24,12 @@ def token(value: str, what: str = "token") -> str:
     return value
 
 
+def is_token(value: object) -> bool:
+    """Whether `value` is a valid token: for checking what a peer sent before building a
+    subject from it (which would raise)."""
+    return isinstance(value, str) and _TOKEN.fullmatch(value) is not None
+
+
 def _r(region: str) -> str:
     return f"mesh.{token(region, 'region')}"
 

@@ -11,6 +11,7 @@ because these messages are shown verbatim to the person who wrote the job spec.
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from decimal import ROUND_CEILING, Context, Decimal, InvalidOperation
@@ -81,8 +82,22 @@ class SpecError(ValueError):
 
 
 def _show(value: object) -> str:
-    """A short, safe rendering of a user value for an error message."""
-    text = repr(value)
+    """A short, safe rendering of a user value for an error message.
+
+    Never the repr of a container (a YAML alias bomb is a few hundred bytes of text but
+    a list whose repr is gigabytes), nor of a huge int (its repr raises ValueError past
+    4300 digits) or a huge string: those are described by their type and size."""
+    if isinstance(value, str | bytes | bytearray):
+        text = repr(value[:61])
+    elif isinstance(value, bool | float | type(None) | datetime.date):
+        text = repr(value)
+    elif isinstance(value, int):
+        bits = value.bit_length()
+        text = repr(value) if bits <= 256 else f"an integer of {bits} bits"
+    elif isinstance(value, list | tuple | dict | set | frozenset):
+        return f"a {type(value).__name__} of {len(value)} items"
+    else:
+        text = f"a {type(value).__name__}"
     return text if len(text) <= 60 else text[:57] + "..."
 
 

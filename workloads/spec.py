@@ -21,6 +21,7 @@ import yaml
 
 from workloads.quantity import (
     SpecError,
+    _show,
     format_bytes,
     format_cpu,
     format_gpu,
@@ -50,6 +51,7 @@ __all__ = [
     "MAX_SOURCE_BYTES",
     "MAX_TASKS",
     "MAX_WORKDIR_LEN",
+    "MAX_YAML_NODES",
     "GPU_ISOLATION",
     "JobSpec",
     "PlacementPolicy",
@@ -76,6 +78,12 @@ MAX_PRIORITY = 1000
 MAX_RETRIES = 100
 MAX_EXIT_CODE = 255
 MAX_WORKDIR_LEN = 4096
+# YAML nodes (scalars, lists, mappings; an alias is not one) in one spec's text. PyYAML
+# composes and constructs each node in Python, 6-12 us apiece even with libyaml, so 1 MiB
+# of tiny nodes (400k) held the coordinator's event loop ~5 s, past its 2 s lease; this
+# caps it near 0.3 s. 50k nodes is 5000 task groups of 10 values; a bigger job can be
+# sent as an already-decoded mapping (msgpack), which is not parsed as YAML.
+MAX_YAML_NODES = 50_000
 
 # What a task group gets for the kinds its `resources` leave out: enough to start a small
 # process, so that a spec without resources still places and is still accounted for.
@@ -268,9 +276,26 @@ def _group_to_dict(group: TaskGroup) -> dict[str, Any]:
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+class _TooManyNodes(yaml.YAMLError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"more than {limit} YAML nodes")
+        self.limit = limit
+
+
 class _Loader(_SafeLoader):  # type: ignore[misc, valid-type]
     """A safe loader that rejects duplicate keys, which plain YAML silently resolves to the
-    last one: in a job spec that hides a mistake (two `resources:` blocks, say)."""
+    last one: in a job spec that hides a mistake (two `resources:` blocks, say), and stops
+    after ``max_nodes`` nodes (None: no limit)."""
+
+    max_nodes: int | None = MAX_YAML_NODES
+    _nodes = 0
+
+    def descend_resolver(self, current_node: object, current_index: object) -> None:
+        # Called once per node the composer makes, explicitly tagged ones included.
+        self._nodes += 1
+        if self.max_nodes is not None and self._nodes > self.max_nodes:
+            raise _TooManyNodes(self.max_nodes)
+        return super().descend_resolver(current_node, current_index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set[object] = set()
@@ -287,7 +312,7 @@ class _Loader(_SafeLoader):  # type: ignore[misc, valid-type]
                 raise yaml.constructor.ConstructorError(
                     "while constructing a mapping",
                     node.start_mark,
-                    f"found duplicate key {key!r}",
+                    f"found duplicate key {_show(key)}",
                     key_node.start_mark,
                 )
         return super().construct_mapping(node, deep=deep)
@@ -321,6 +346,12 @@ def _load(source: object) -> object:
         raise SpecError("", _too_big("spec", size, MAX_SOURCE_BYTES, "MAX_SOURCE_BYTES"))
     try:
         return yaml.load(source, Loader=_Loader)  # _Loader is a SafeLoader
+    except _TooManyNodes as err:
+        raise SpecError(
+            "",
+            f"spec has more than {err.limit} YAML values (MAX_YAML_NODES); send a job "
+            "this big as an already-decoded mapping",
+        ) from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"line {mark.line + 1}: " if mark is not None else ""
@@ -329,6 +360,26 @@ def _load(source: object) -> object:
         raise SpecError("", f"invalid YAML: {err}") from None
     except RecursionError:
         raise SpecError("", "invalid YAML: nested too deeply") from None
+    except _UNREADABLE as err:
+        raise SpecError("", f"invalid YAML: {_unreadable(err)}") from None
+
+
+def _text(value: object) -> str:
+    """str() of a user value, short when it is an int too big to print (a YAML ``0x...`` int
+    has no digit limit, but its str() raises ValueError past 4300 digits)."""
+    if isinstance(value, int) and value.bit_length() > 1024:
+        return _show(value)
+    return str(value)
+
+
+# What PyYAML's constructors raise, besides YAMLError, for a scalar they cannot convert: an
+# int of over 4300 digits (ValueError), a timestamp with month 13 (ValueError), an explicit
+# `!!timestamp 1` or `2001-02-30 25:61:61` (AttributeError: its regex did not match).
+_UNREADABLE = (ValueError, OverflowError, TypeError, AttributeError, LookupError)
+
+
+def _unreadable(err: Exception) -> str:
+    return f"a value could not be read ({type(err).__name__}: {str(err)[:200]})"
 
 
 def _too_big(what: str, size: int, limit: int, name: str) -> str:
@@ -362,7 +413,7 @@ def _fields(value: object, path: str, known: tuple[str, ...]) -> dict[str, Any]:
     for key, item in value.items():
         if key not in known:
             raise SpecError(
-                _join(path, str(key)[:64]), f"unknown field (known: {', '.join(sorted(known))})"
+                _join(path, _text(key)[:64]), f"unknown field (known: {', '.join(sorted(known))})"
             )
         if item is not None:
             fields[key] = item
@@ -374,7 +425,7 @@ def _int(value: object, field: str, low: int, high: int, limit_name: str = "") -
         raise SpecError(field, f"expected an integer, got {_kind(value)}")
     if not low <= value <= high:
         limit = f" ({limit_name})" if limit_name and value > high else ""
-        raise SpecError(field, f"must be between {low} and {high}{limit}, got {value}")
+        raise SpecError(field, f"must be between {low} and {high}{limit}, got {_text(value)}")
     return value
 
 
@@ -387,6 +438,8 @@ def _str(value: object, field: str) -> str:
 def _scalar_str(value: object, field: str) -> str:
     """A string, or a number written without quotes (YAML makes ``PORT: 80`` an int)."""
     if isinstance(value, int) and not isinstance(value, bool):
+        if value.bit_length() > 1024:  # str() raises past 4300 digits (0x... has no cap)
+            raise SpecError(field, f"integer of {value.bit_length()} bits is too long")
         return str(value)
     if isinstance(value, float) and math.isfinite(value):
         return repr(value)
@@ -655,7 +708,7 @@ def _env(value: object, field: str) -> tuple[tuple[str, str], ...]:
             raise SpecError(
                 field,
                 f"variable names use A-Z, a-z, 0-9 and '_', not starting "
-                f"with a digit; got {shown!r}",
+                f"with a digit; got {_show(shown)}",
             )
         text = _no_nul(_scalar_str(item, f"{field}.{name}"), f"{field}.{name}")
         size += len(name.encode("utf-8")) + len(text.encode("utf-8")) + 2

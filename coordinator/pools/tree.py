@@ -46,6 +46,7 @@ import yaml
 
 from workloads.quantity import (
     SpecError,
+    _show,
     format_bytes,
     format_cpu,
     format_gpu,
@@ -55,10 +56,11 @@ from workloads.quantity import (
 )
 
 # The job-spec loader: a SafeLoader that rejects duplicate keys (a pool defined twice).
-from workloads.spec import MAX_POOL_DEPTH
-from workloads.spec import _Loader as _YamlLoader
+from workloads.spec import _UNREADABLE, MAX_POOL_DEPTH, _unreadable
+from workloads.spec import _Loader as _SpecLoader
 
 __all__ = [
+    "MAX_DESCRIPTION",
     "MAX_POOLS",
     "MAX_SHARE",
     "POOL_KINDS",
@@ -69,6 +71,7 @@ __all__ = [
     "PoolType",
     "ResourceSpec",
     "format_amount",
+    "load_pool_source",
     "parse_pool_tree",
 ]
 
@@ -79,6 +82,10 @@ ROOT = "/"
 MAX_POOLS = 100_000
 MAX_SHARE = 1_000_000
 MAX_SOURCE_BYTES = 4 << 20  # YAML text of one pool tree
+# Characters in one pool's description. Bounded because a YAML alias repeats a string
+# without repeating its text: 1 MiB of `description: *d` once made a tree whose log
+# event was gigabytes.
+MAX_DESCRIPTION = 1024
 
 _SEGMENT_RE = re.compile(r"[a-z0-9_-]{1,32}")  # the same rule as a job's `pool` (workloads.spec)
 _PARSERS: dict[str, Callable[[object, str], int]] = {
@@ -89,6 +96,10 @@ _FORMATS: dict[str, Callable[[int], str]] = {
 }
 _POOL_FIELDS = ("type", "share", "description", *POOL_KINDS)
 _KIND_FIELDS = ("reservation", "limit", "share", "type")
+
+
+class _YamlLoader(_SpecLoader):  # type: ignore[misc, valid-type]
+    max_nodes = None  # a pool tree is bounded by MAX_SOURCE_BYTES and MAX_POOLS only
 
 
 def format_amount(kind: str, amount: int) -> str:
@@ -173,10 +184,20 @@ def _path_problem(path: object) -> str | None:
     return None
 
 
+def _text(value: object) -> str:
+    """str() of a user value; an int too big to print (str() raises past 4300 digits, and
+    YAML reads ``0x...`` ints of any length) is described instead."""
+    if isinstance(value, int) and value.bit_length() > 1024:
+        return _show(value)
+    return str(value)
+
+
 def _share_weight(share: object) -> int | None:
     """The share in thousandths (exact), or None when it is not a valid share."""
     if isinstance(share, bool) or not isinstance(share, int | float):
         return None
+    if isinstance(share, int) and not 0 < share <= MAX_SHARE:
+        return None  # and never str() a huge one
     if isinstance(share, float) and not math.isfinite(share):
         return None
     try:
@@ -361,7 +382,7 @@ def _validate(specs: tuple[PoolSpec, ...]) -> dict[str, PoolSpec]:
             continue
         bad = _path_problem(s.path)
         if bad:
-            problems.append((str(s.path)[:80], bad))
+            problems.append((_text(s.path)[:80], bad))
         elif s.path in by_path:
             problems.append((s.path, "defined twice"))
         else:
@@ -426,16 +447,16 @@ def _kind_problems(kind: str, r: ResourceSpec) -> list[str]:
     fmt = _FORMATS[kind]
     out = []
     if not _is_amount(r.reservation):
-        out.append(f"{kind} reservation must be a non-negative integer, got {r.reservation!r}")
+        out.append(f"{kind} reservation must be a non-negative integer, got {_show(r.reservation)}")
     if r.limit is not None and not _is_amount(r.limit):
-        out.append(f"{kind} limit must be a non-negative integer or None, got {r.limit!r}")
+        out.append(f"{kind} limit must be a non-negative integer or None, got {_show(r.limit)}")
     if not out and r.limit is not None and r.limit < r.reservation:
         out.append(f"{kind} limit {fmt(r.limit)} is below its reservation {fmt(r.reservation)}")
     if _share_weight(r.share) is None:
         out.append(f"{kind} share must be a number above 0 and at most {MAX_SHARE}, in steps "
-                   f"of 0.001, got {r.share!r}")
+                   f"of 0.001, got {_show(r.share)}")
     if not isinstance(r.type, PoolType):
-        out.append(f"{kind} type must be elastic or static, got {r.type!r}")
+        out.append(f"{kind} type must be elastic or static, got {_show(r.type)}")
     return out
 
 
@@ -457,18 +478,21 @@ def parse_pool_tree(source: str | bytes | Mapping[str, Any]) -> PoolTree:
                                     f"{type(data).__name__}")])
     unknown = [k for k in data if k != "pools"]
     if unknown:
-        raise PoolConfigError([("", f"unknown top-level field {str(unknown[0])!r} "
+        raise PoolConfigError([("", f"unknown top-level field {_text(unknown[0])!r} "
                                     "(known: pools)")])
     pools = data.get("pools")
     if not isinstance(pools, Mapping):
         raise PoolConfigError([("pools", "expected a mapping from pool path to its settings, "
                                          f"got {type(pools).__name__}")])
+    if len(pools) > MAX_POOLS:  # before reading each one: that took seconds
+        raise PoolConfigError([("pools", f"at most {MAX_POOLS} pools (MAX_POOLS), "
+                                         f"got {len(pools)}")])
     problems: list[tuple[str, str]] = []
     specs = []
     for path, body in pools.items():
         bad = _path_problem(path)
         if bad:
-            problems.append((str(path)[:80], bad))
+            problems.append((_text(path)[:80], bad))
             continue
         # A value with a problem is reported here and replaced by its default, so the tree
         # checks still run on the rest and every problem is reported in one go.
@@ -480,6 +504,13 @@ def parse_pool_tree(source: str | bytes | Mapping[str, Any]) -> PoolTree:
     if problems:
         raise PoolConfigError(sorted(problems, key=lambda pm: pm[0]))
     return tree
+
+
+def load_pool_source(source: str | bytes | Mapping[str, Any]) -> object:
+    """The plain data of a pool tree document, read the way :func:`parse_pool_tree` reads
+    it (libyaml when present, duplicate keys refused); :class:`PoolConfigError` if it
+    cannot be read."""
+    return _load(source)
 
 
 def _load(source: object) -> object:
@@ -505,6 +536,8 @@ def _load(source: object) -> object:
             from None
     except (yaml.YAMLError, RecursionError) as err:
         raise PoolConfigError([("", f"invalid YAML: {err}")]) from None
+    except _UNREADABLE as err:  # e.g. an int of over 4300 digits (see workloads.spec)
+        raise PoolConfigError([("", f"invalid YAML: {_unreadable(err)}")]) from None
 
 
 def _pool_spec(path: str, body: object, problems: list[tuple[str, str]]) -> PoolSpec:
@@ -513,13 +546,17 @@ def _pool_spec(path: str, body: object, problems: list[tuple[str, str]]) -> Pool
         return PoolSpec(path)
     for key in body:
         if key not in _POOL_FIELDS:
-            problems.append((path, f"unknown field {str(key)!r} (known: "
+            problems.append((path, f"unknown field {_text(key)!r} (known: "
                                    f"{', '.join(_POOL_FIELDS)})"))
     default_type = _type(body.get("type", "elastic"), path, "type", problems)
     default_share = _share(body.get("share", 1), path, "share", problems)
     description = body.get("description", "")
     if not isinstance(description, str):
         problems.append((path, f"description must be a string, got {type(description).__name__}"))
+        description = ""
+    elif len(description) > MAX_DESCRIPTION:
+        problems.append((path, f"description is {len(description)} characters, over the "
+                               f"limit of {MAX_DESCRIPTION} (MAX_DESCRIPTION)"))
         description = ""
     kinds = {}
     for kind in POOL_KINDS:
@@ -532,17 +569,18 @@ def _pool_spec(path: str, body: object, problems: list[tuple[str, str]]) -> Pool
 
 
 def _type(value: object, path: str, name: str, problems: list) -> PoolType:
-    try:
+    # Only a str is looked up: Enum's own error for a miss is the repr of the value, which
+    # for a YAML alias bomb (a few hundred bytes of text) is gigabytes.
+    if isinstance(value, str) and value in PoolType._value2member_map_:
         return PoolType(value)
-    except ValueError:
-        problems.append((path, f"{name} must be elastic or static, got {value!r}"))
-        return PoolType.ELASTIC
+    problems.append((path, f"{name} must be elastic or static, got {_show(value)}"))
+    return PoolType.ELASTIC
 
 
 def _share(value: object, path: str, name: str, problems: list) -> float:
     if _share_weight(value) is None:
         problems.append((path, f"{name} must be a number above 0 and at most {MAX_SHARE}, in "
-                               f"steps of 0.001, got {value!r}"))
+                               f"steps of 0.001, got {_show(value)}"))
         return 1.0
     return value
 
@@ -555,7 +593,7 @@ def _resource_spec(path: str, kind: str, body: object, default_type: PoolType,
         return ResourceSpec(share=default_share, type=default_type)
     for key in body:
         if key not in _KIND_FIELDS:
-            problems.append((path, f"{kind}: unknown field {str(key)!r} (known: "
+            problems.append((path, f"{kind}: unknown field {_text(key)!r} (known: "
                                    f"{', '.join(_KIND_FIELDS)})"))
     amounts: dict[str, int | None] = {"reservation": 0, "limit": None}
     for name in ("reservation", "limit"):
