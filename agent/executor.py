@@ -539,6 +539,7 @@ class ProcessExecutor:
         *,
         run_as: str | None = None,
         limits: str = "auto",
+        allow_root: bool = True,
     ) -> None:
         if limits not in ("auto", "cgroup", "rlimit", "none"):
             raise ValueError(f"limits must be auto, cgroup, rlimit or none, not {limits!r}")
@@ -547,6 +548,16 @@ class ProcessExecutor:
         self.kill_grace_s = 5.0
         self.poll_interval_s = 0.1
         self._run_as = _resolve_run_as(run_as)
+        # Tasks would run as root (a root agent without run_as, or run_as root): allowed only
+        # when asked for. The agent asks for it only with --allow-root; the default here is
+        # permissive for direct use of the executor. Non-empty: why start() refuses.
+        task_uid = self._run_as.uid if self._run_as is not None else os.geteuid()
+        self.root_refusal = (
+            "refused: this agent runs as root and would run the task as root; start it "
+            "with --run-as USER (an unprivileged user) or, to run tasks as root, --allow-root"
+            if task_uid == 0 and not allow_root
+            else ""
+        )
         self._boot_id = _boot_id()
         # Wrappers this executor spawned: their exit can be waited for, not just polled.
         self._children: dict[str, tuple[ProcessHandle, subprocess.Popen[bytes]]] = {}
@@ -578,6 +589,8 @@ class ProcessExecutor:
     async def start(self, spec: ExecSpec) -> ProcessHandle:
         """Start the task; returns once it runs. Raises ExecError if it cannot start."""
         _validate(spec)
+        if self.root_refusal:
+            raise ExecError(self.root_refusal)
         task_dir = self._task_dir(spec.task_id)
         if self._running_here(spec.task_id) or self._previous_alive(task_dir):
             raise ExecError(f"task {spec.task_id!r} is already running")

@@ -94,6 +94,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
 from collections import deque
@@ -105,8 +106,9 @@ import msgpack
 from agent.link import EventPublisher, FleetFeed
 from mesh import subjects
 from mesh.codec import to_wire
-from mesh.connect import close_quietly, connect
+from mesh.connect import ClientTls, close_quietly, connect
 from mesh.schema import Assignment, GpuStatus, NodeState, Resources, TaskEvent, TaskSpec
+from mesh.signing import AssignmentRefused, VerifyKey, load_verify_key, verify
 from mesh.streams import ensure_streams
 from mesh.tasks import cancel_and_wait
 from workloads.lifecycle import TaskState
@@ -517,8 +519,15 @@ class HollowFleet:
         heartbeat_s: float = 1.0,
         inventories: list[Inventory] | None = None,
         gpu_background: Mapping[str, int] | None = None,
+        verify_key: str | os.PathLike[str] | VerifyKey | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         self.nats_url = nats_url
+        self.tls = tls  # its certificate (fleet:PREFIX) on a secure mesh
+        # Like a real agent: with the coordinator's public key, act on nothing unverified.
+        if isinstance(verify_key, (str, os.PathLike)):
+            verify_key = load_verify_key(verify_key)
+        self.verify_key = verify_key
         self.region = subjects.token(region, "region")
         self.prefix = subjects.token(prefix, "fleet prefix")
         invs = inventories or inventory_mix(count, seed)
@@ -546,6 +555,7 @@ class HollowFleet:
             "ended": 0,
             "crashes": 0,
             "dropped": 0,  # runs lost to crashes, never reported
+            "unverified": 0,  # assignments refused by signature verification
         }
         self._tasks: list[asyncio.Task[None]] = []
         self._ended: deque[tuple[float, HollowNode, tuple[str, int]]] = deque()
@@ -568,7 +578,9 @@ class HollowFleet:
 
     async def start(self) -> None:
         t0 = time.monotonic()
-        self.nc = await connect(self.nats_url, name=f"hollow:{self.prefix}:{len(self.nodes)}")
+        self.nc = await connect(
+            self.nats_url, name=f"hollow:{self.prefix}:{len(self.nodes)}", tls=self.tls
+        )
         try:
             self.js = self.nc.jetstream(timeout=10.0)
             await ensure_streams(self.js, self.region)
@@ -689,6 +701,12 @@ class HollowFleet:
             node.backlog.append(a)
             return
         key = (a.task_id, a.attempt)
+        if self.verify_key is not None:
+            try:
+                verify(a, self.verify_key, node_id, time.time())
+            except AssignmentRefused as exc:
+                self._refuse(node, a, key, exc)
+                return
         if a.kind == "kill":
             timer = node.end_run(key)
             if timer is not None:
@@ -716,6 +734,18 @@ class HollowFleet:
         loop = asyncio.get_running_loop()
         timer = loop.call_later(a.spec.simulate.duration_s, self._finish, node, a)
         node.start_run(key, a.spec, timer)
+
+    def _refuse(
+        self, node: HollowNode, a: Assignment, key: tuple[str, int], exc: AssignmentRefused
+    ) -> None:
+        """As the real agent does: counted, not acted on; reported as the attempt's failure
+        only when the coordinator really issued it (too old, or clocks apart)."""
+        self.counts["unverified"] += 1
+        log.warning("hollow node %s refused an assignment: %s", node.node_id, exc)
+        if exc.genuine and a.kind == "run" and key not in node.seen:
+            node.seen.add(key)
+            self._report(node, a, TaskState.FAILED, message=f"refused: {exc}")
+            self._end(node, key)
 
     def _finish(self, node: HollowNode, a: Assignment) -> None:
         key = (a.task_id, a.attempt)

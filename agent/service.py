@@ -36,7 +36,7 @@ from agent.probe import GpuInfo, GpuProbe, HostProbe, HostSample
 from agent.store import TaskRecord, TaskStore
 from mesh import subjects
 from mesh.codec import WireError, decode, encode
-from mesh.connect import close_quietly, connect
+from mesh.connect import ClientTls, close_quietly, connect
 from mesh.schema import (
     Assignment,
     ErrorCode,
@@ -49,10 +49,14 @@ from mesh.schema import (
     error_reply,
     ok,
 )
+from mesh.signing import AssignmentRefused, load_verify_key, verify
 from mesh.streams import ensure_streams
 from workloads.lifecycle import TaskState
 
 log = logging.getLogger("mesh.agent")
+# aiosqlite logs every statement with its parameters at DEBUG, and the task store's
+# parameters are assignments, env values (secrets) included: never below INFO.
+logging.getLogger("aiosqlite").setLevel(logging.INFO)
 
 ENDED_HERE = frozenset({"SUCCEEDED", "FAILED", "KILLED"})
 # A task over its GPU memory grant is hurting its neighbours now: a short grace only.
@@ -74,9 +78,12 @@ class AgentConfig:
     data_dir: str = ""
     heartbeat_s: float = 1.0
     run_as: str | None = None
+    allow_root: bool = False  # a root agent with no run_as refuses tasks unless this is set
+    verify_key: str | None = None  # coordinator's Ed25519 public key (PEM): verify assignments
     limits: str = "auto"
     kill_grace_s: float = 5.0
     gpu_watchdog_s: float = 1.0  # poll period of the GPU memory watchdog
+    tls: ClientTls | None = None  # its certificate (agent:NODE) on a secure mesh
 
 
 class Agent:
@@ -92,6 +99,10 @@ class Agent:
         self.killing: set[tuple[str, int]] = set()
         self.seq = 0
         self.note = ""
+        # Assignment signatures: with a key, nothing unverified is acted on (see mesh.signing).
+        self.verify_key = load_verify_key(config.verify_key) if config.verify_key else None
+        self.refused = 0  # assignments refused by verification, shown in the heartbeat note
+        self.last_refused = ""
         self._tasks: list[asyncio.Task[None]] = []
         self._monitors: set[asyncio.Task[None]] = set()
         self._report_lock = asyncio.Lock()
@@ -111,12 +122,19 @@ class Agent:
             self.note = f"task store was corrupt; moved aside to {self.store.recovered_from}"
             log.error(self.note)
         self.executor = ProcessExecutor(
-            self.data_dir / "tasks", run_as=self.config.run_as, limits=self.config.limits
+            self.data_dir / "tasks",
+            run_as=self.config.run_as,
+            limits=self.config.limits,
+            allow_root=self.config.allow_root,
         )
+        if self.executor.root_refusal:
+            log.warning("%s", self.executor.root_refusal)
         self.gpus.open()
         self.probe = HostProbe(self.data_dir, self.gpus)
         self._assess_gpus(self.gpus.sample())  # before _readopt may launch a task
-        self.nc = await connect(self.config.nats_url, name=f"agent:{self.node_id}")
+        self.nc = await connect(
+            self.config.nats_url, name=f"agent:{self.node_id}", tls=self.config.tls
+        )
         self.js = self.nc.jetstream(timeout=5.0)
         await ensure_streams(self.js, self.region)
         await self._readopt()
@@ -208,7 +226,7 @@ class Agent:
             disk_used=sample.disk_used,
             gpus=gpus,
             tasks=tuple(f"{t}#{a}" for t, a in self.handles),
-            note=self.note,
+            note=self._node_note(),
         )
 
     def _assess_gpus(self, gpus: tuple[GpuInfo, ...]) -> dict[str, str]:
@@ -232,7 +250,22 @@ class Agent:
 
     # ------------------------------------------------------------ assignments
 
+    def _node_note(self) -> str:
+        parts = [self.note] if self.note else []
+        executor = getattr(self, "executor", None)  # None before start()
+        if executor is not None and executor.root_refusal:
+            parts.append("refuses tasks: agent is root and has no --run-as (or --allow-root)")
+        if self.refused:
+            parts.append(f"refused {self.refused} assignments; last: {self.last_refused}")
+        return "; ".join(parts)[:1024]
+
     async def _on_assignment(self, a: Assignment) -> None:
+        if self.verify_key is not None:
+            try:
+                verify(a, self.verify_key, self.node_id, time.time())
+            except AssignmentRefused as exc:
+                await self._refuse(a, exc)
+                return  # acknowledged: a refusal is final, redelivery would not change it
         if a.kind == "kill":
             await self._kill(a)
             return
@@ -247,6 +280,28 @@ class Agent:
         if not await self.store.insert_if_new(rec):
             return  # redelivered: we already have it, and never start a task twice
         await self._launch(rec, a)
+
+    async def _refuse(self, a: Assignment, exc: AssignmentRefused) -> None:
+        """Not acted on, and counted. Only a run the coordinator really issued (signature
+        good, refused for its age) is reported as its attempt's failure, so the attempt is
+        retried; a forged or unsigned one touches neither the store nor the job (else a
+        forgery naming a real attempt could fail it, or block its genuine run)."""
+        self.refused += 1
+        stamp = time.strftime("%H:%M:%S", time.gmtime())
+        self.last_refused = f"{a.kind} {a.task_id[:64]}#{a.attempt} {exc.reason} at {stamp}Z"
+        log.warning("assignment refused: %s", exc)
+        if not exc.genuine or a.kind != "run":
+            return
+        rec = TaskRecord(
+            task_id=a.task_id,
+            attempt=a.attempt,
+            job_id=a.job_id,
+            state="FAILED",
+            assignment=b"",
+            updated=time.time(),
+        )
+        if await self.store.insert_if_new(rec):  # else a replay of an attempt we had
+            await self._finish(rec, "FAILED", message=f"refused: {exc}")
 
     async def _launch(self, rec: TaskRecord, a: Assignment) -> None:
         spec = a.spec

@@ -51,7 +51,15 @@ from mesh import subjects
 from mesh.client import MeshClient
 from mesh.codec import WireError, decode
 from mesh.connect import close_quietly, connect
-from mesh.schema import MAX_BATCH, JobSubmitted, LogEntry, LogEvent, TaskPlaced, TaskUpdated
+from mesh.schema import (
+    MAX_BATCH,
+    JobSubmitted,
+    LeaderElected,
+    LogEntry,
+    LogEvent,
+    TaskPlaced,
+    TaskUpdated,
+)
 from mesh.server import EmbeddedServer, ServerConfig
 from workloads.generator import WorkloadConfig, generate
 from workloads.resources import Resources
@@ -154,6 +162,7 @@ class LogCount:
         self.last_placed = 0.0
         self.last_running = 0.0
         self.placed_at: dict[str, list[float]] = {}  # job -> times its tasks were placed
+        self.elections = 0  # LeaderElected entries seen (the first one included)
 
     async def on_msg(self, msg) -> None:
         now = time.perf_counter()
@@ -170,6 +179,8 @@ class LogCount:
             elif isinstance(ev, TaskUpdated) and ev.state == "RUNNING":
                 self.running += 1
                 self.last_running = now
+            elif isinstance(ev, LeaderElected):
+                self.elections += 1
 
 
 class Region:
@@ -273,7 +284,7 @@ async def durable(args: argparse.Namespace, work: Path) -> dict:
         fleet_s = await region.start_fleet()
         # Placement goes on while nodes join; wait until it stops moving.
         last, still = -1, 0
-        while still < 4:
+        while still < 10:  # a leader change pauses placement for a few seconds
             await asyncio.sleep(1.0)
             still = still + 1 if region.count.placed == last else 0
             last = region.count.placed
@@ -295,6 +306,7 @@ async def durable(args: argparse.Namespace, work: Path) -> dict:
             "tasks_per_s": round(rate) if rate else None,
             "submit_s": round(submit_s, 2),
             "fleet_start_s": round(fleet_s, 1),
+            "leader_elections": c.elections,
         }
     finally:
         await region.stop()
@@ -318,7 +330,7 @@ async def e2e_and_latency(args: argparse.Namespace, work: Path) -> tuple[dict, d
         submit_s = time.perf_counter() - t0
         deadline = time.monotonic() + args.timeout
         last, still = -1, 0
-        while c.running < total and time.monotonic() < deadline and still < 10:
+        while c.running < total and time.monotonic() < deadline and still < 20:
             await asyncio.sleep(0.5)
             still = still + 1 if c.running == last else 0
             last = c.running
@@ -335,6 +347,7 @@ async def e2e_and_latency(args: argparse.Namespace, work: Path) -> tuple[dict, d
             "seconds": round(e2e_s, 3),
             "tasks_per_s": round(rate) if rate else None,
             "submit_s": round(submit_s, 2),
+            "leader_elections": c.elections,
         }
         latency = await steady_latency(args, region)
         return e2e, latency

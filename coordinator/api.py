@@ -20,12 +20,13 @@ import yaml
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from coordinator.joblog import Fenced, Unavailable
+from coordinator.joblog import MAX_ENTRY_BYTES, Fenced, Unavailable
 from coordinator.pooling import pool_rows, pool_view
 from coordinator.pools import parse_pool_tree
+from coordinator.pools.tree import load_pool_source
 from coordinator.views import job_detail, node_summary
 from mesh import subjects
-from mesh.codec import WireError, decode
+from mesh.codec import WireError, decode, encode
 from mesh.schema import (
     ApiError,
     ErrorCode,
@@ -400,9 +401,7 @@ class Api:
 
     async def cluster_info(self, data: bytes) -> bytes:
         c = self.coord
-        states: dict[str, int] = {}
-        for job in c.state.jobs.values():
-            states[str(job.state)] = states.get(str(job.state), 0) + 1
+        states = {s: n for s, n in c.state.job_counts.items() if n}
         statuses: dict[str, int] = {}
         for v in c.cluster.nodes.values():
             statuses[v.status] = statuses.get(v.status, 0) + 1
@@ -422,10 +421,24 @@ class Api:
     async def pool_apply(self, data: bytes) -> bytes:
         req = _decode(PoolApplyRequest, data)
         try:
-            tree = parse_pool_tree(req.source if req.source is not None else "")
-            source = yaml.safe_load(req.source) if isinstance(req.source, str) else req.source
+            # In a thread: a large tree takes seconds to read and check (no YAML node
+            # limit, ~100 us a pool), which on the event loop cost the leader its lease.
+            tree = await asyncio.to_thread(
+                parse_pool_tree, req.source if req.source is not None else ""
+            )
+            # Read as parse_pool_tree read it (libyaml: the pure-Python loader took
+            # seconds on a large tree), bytes too: `dict(bytes)` failed as INTERNAL.
+            source = await asyncio.to_thread(load_pool_source, req.source)
         except (SpecError, yaml.YAMLError) as exc:
             raise ApiError(ErrorCode.INVALID_SPEC, str(exc)) from None
+        event = PoolsApplied(dict(source), time.time())
+        size = len(encode(event))
+        if size > MAX_ENTRY_BYTES:  # YAML aliases repeat a value without its text
+            raise ApiError(
+                ErrorCode.TOO_LARGE,
+                f"the pool tree encodes to {size} bytes, over the {MAX_ENTRY_BYTES}-byte "
+                "limit of one log entry",
+            )
         live: dict[str, int] = {}
         for job in self.coord.state.jobs.values():
             if job.state in (JobState.PENDING, JobState.RUNNING):
@@ -440,26 +453,27 @@ class Api:
                 ),
             )
         leader = self._leader()
-        await self._append(leader, [PoolsApplied(dict(source), time.time())])
+        await self._append(leader, [event])
         leader.wake()
         return ok(pools=list(tree.order))
 
-    def _pool_rows(self) -> list[dict]:
+    async def _pool_rows(self) -> list[dict]:
         c = self.coord
         capacity = Resources()
         for v in c.cluster.ready():
             capacity = capacity + v.state.capacity
-        view = pool_view(c.state, capacity, c.state.pending_jobs(), time.time())
-        return pool_rows(c.state, view)
+        async with c.state_lock:  # pool_view keeps a cache in the state (see leader)
+            view = pool_view(c.state, capacity, c.state.pending_jobs(), time.time())
+            return pool_rows(c.state, view)
 
     async def pool_list(self, data: bytes) -> bytes:
-        return ok(pools=self._pool_rows())
+        return ok(pools=await self._pool_rows())
 
     async def pool_get(self, data: bytes) -> bytes:
         req = _decode(PoolRef, data)
         if req.path not in self.coord.state.pools:
             raise ApiError(ErrorCode.NOT_FOUND, f"no pool {req.path!r}")
-        row = next(r for r in self._pool_rows() if r["path"] == req.path)
+        row = next(r for r in await self._pool_rows() if r["path"] == req.path)
         jobs: dict[str, int] = {}
         for job in self.coord.state.jobs.values():
             if job.spec.pool == req.path:

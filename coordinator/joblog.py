@@ -42,10 +42,19 @@ class Unavailable(Exception):
 class LogFollower:
     """Applies every entry of the log to `state`, in order, from the start."""
 
-    def __init__(self, js: JetStreamContext, region: str, state: RegionState) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        region: str,
+        state: RegionState,
+        lock: asyncio.Lock | None = None,
+    ) -> None:
         self.js = js
         self.region = region
         self.state = state
+        # Held while the state is read off the event loop (the leader's reconcile runs
+        # in a thread): entries are applied only while no one holds it.
+        self.lock = lock or asyncio.Lock()
         self.bad_entries = 0
         self._sub = None
         self._applied = asyncio.Event()
@@ -76,7 +85,8 @@ class LogFollower:
             log.error("job log entry %d undecodable, skipped: %s", seq, exc)
             self.state.last_seq = max(self.state.last_seq, seq)
             return
-        self.state.apply(seq, entry)
+        async with self.lock:
+            self.state.apply(seq, entry)
         self._applied.set()
 
     async def catch_up(self, timeout: float = 10.0) -> None:
@@ -105,6 +115,7 @@ class LogWriter:
         term: int,
         leader_id: str,
         on_fenced: Callable[[], Awaitable[None]],
+        lock: asyncio.Lock | None = None,
     ) -> None:
         self.js = js
         self.region = region
@@ -112,10 +123,12 @@ class LogWriter:
         self.term = term
         self.leader_id = leader_id
         self.on_fenced = on_fenced
+        self.lock = lock or asyncio.Lock()  # see LogFollower.lock
         self._queue: asyncio.Queue[tuple[list[LogEvent], asyncio.Future[int]]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.fenced = False
         self.entries_written = 0
+        self._last: int | None = None  # the sequence of our last append
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="log-writer")
@@ -169,6 +182,15 @@ class LogWriter:
             half = len(events) // 2
             await self._write(events[:half])
             return await self._write(events[half:])
+        # Fence locally first. The follower keeps applying entries while we write, so
+        # `state.last_seq` alone is no fence: once it has applied a newer leader's
+        # entries, an append expecting it would land, in a deposed term, after the new
+        # leader's LeaderElected. A higher term seen, or any entry we did not write since
+        # our last append, means another writer leads now.
+        if self.state.term > self.term:
+            raise Fenced(f"term {self.state.term} was elected after ours ({self.term})")
+        if self._last is not None and self.state.last_seq != self._last:
+            raise Fenced(f"log moved from {self._last} to {self.state.last_seq}: another writer")
         expected = self.state.last_seq
         try:
             ack = await self.js.publish(
@@ -182,6 +204,8 @@ class LogWriter:
             if exc.err_code == WRONG_LAST_SEQUENCE:
                 raise Fenced(f"log moved past {expected}: another leader wrote") from None
             raise
-        self.state.apply(ack.seq, entry)
+        async with self.lock:
+            self.state.apply(ack.seq, entry)
+        self._last = ack.seq
         self.entries_written += 1
         return ack.seq

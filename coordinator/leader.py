@@ -33,6 +33,7 @@ from mesh.schema import (
     TaskSpec,
     TaskUpdated,
 )
+from mesh.signing import sign
 from mesh.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -53,7 +54,13 @@ class Leader:
         self.term = term
         self.state = coord.state
         self.writer = LogWriter(
-            coord.js, coord.region, coord.state, term, coord.candidate_id, on_fenced=self._fenced
+            coord.js,
+            coord.region,
+            coord.state,
+            term,
+            coord.candidate_id,
+            on_fenced=self._fenced,
+            lock=coord.state_lock,
         )
         self.unplaced: dict[str, str] = {}
         self.bad_events = 0
@@ -119,7 +126,17 @@ class Leader:
         for _ in range(MAX_ROUNDS):
             self.coord.cluster.sweep(time.monotonic())
             now = time.time()
-            d = reconcile(self.state, self.coord.cluster.nodes, now, self.coord.config.placement)
+            # In a thread, so a long round (a big backlog on a big region) never holds
+            # the event loop: lease renewals, heartbeats and the API go on meanwhile.
+            # The log is not applied while it runs (the lock); the nodes are a copy.
+            async with self.coord.state_lock:
+                d = await asyncio.to_thread(
+                    reconcile,
+                    self.state,
+                    dict(self.coord.cluster.nodes),
+                    now,
+                    self.coord.config.placement,
+                )
             self.unplaced = d.unplaced
             if d.kills:
                 await self._send_kills(d.kills)
@@ -229,8 +246,13 @@ class Leader:
             return []
         js = self.coord.js
         stream = subjects.assign_stream(self.coord.region)
+        key = self.coord.signing_key
         futures: list[asyncio.Future | None] = []
-        for a, msg_id in items:
+        for i, (a, msg_id) in enumerate(items):
+            if key is not None:
+                a = sign(a, key)  # last thing before it leaves: a resend is signed afresh
+            if i % 256 == 255:
+                await asyncio.sleep(0)  # signing and encoding cost: let the loop breathe
             try:
                 fut = await js.publish_async(
                     subjects.assign(self.coord.region, a.node_id),
@@ -291,7 +313,10 @@ class Leader:
                 self.bad_events += 1
                 log.warning("bad task event dropped: %s", exc)
                 continue
-            if subjects.events(self.coord.region, ev.node_id) != msg.subject:
+            if (
+                not subjects.is_token(ev.node_id)
+                or subjects.events(self.coord.region, ev.node_id) != msg.subject
+            ):
                 self.bad_events += 1
                 log.warning("task event for %s arrived on %s: dropped", ev.node_id, msg.subject)
                 continue

@@ -20,6 +20,7 @@ from mesh.codec import WireError, decode
 from mesh.connect import close_quietly, connect
 from mesh.lease import Lease
 from mesh.schema import NodeState
+from mesh.signing import load_signing_key
 from mesh.streams import ensure_streams
 
 log = logging.getLogger("mesh.coordinator")
@@ -38,19 +39,26 @@ class CoordinatorConfig:
     preempt_cycles: int = 2  # cycles a pool must stay over entitlement before it is preempted
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     connect_options: dict = field(default_factory=dict)
+    signing_key: str | None = None  # Ed25519 PEM: the leader signs every assignment with it
 
 
 class Coordinator:
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
+        # Loaded now, so a missing or wrong key stops the candidate before it can lead.
+        self.signing_key = load_signing_key(config.signing_key) if config.signing_key else None
         self.region = subjects.token(config.region, "region")
         self.candidate_id = subjects.token(config.candidate_id, "candidate id")
         self.state = RegionState()
+        # Whoever reads the state off the event loop holds this; the log is applied
+        # under it (see Leader.reconcile_once).
+        self.state_lock = asyncio.Lock()
         self.cluster = ClusterView(self.region, config.suspect_after, config.down_after)
         self.leader: Leader | None = None
         self.api = Api(self)
         self.bad_states = 0
         self.nc = None
+        self.lease_nc = None
         self.js = None
         self.follower: LogFollower | None = None
         self.lease: Lease | None = None
@@ -65,15 +73,21 @@ class Coordinator:
         )
         self.js = self.nc.jetstream(timeout=5.0)
         await ensure_streams(self.js, self.region, c.replicas)
-        self.follower = LogFollower(self.js, self.region, self.state)
+        self.follower = LogFollower(self.js, self.region, self.state, self.state_lock)
         await self.follower.start()
         await self.follower.catch_up(timeout=30.0)
         self._state_sub = await self.nc.subscribe(
             subjects.state_all(self.region), cb=self._on_state
         )
         await self.api.start()
+        # The lease renews over a connection of its own: on the main one its small KV
+        # update would queue behind megabytes of assignments and log appends, and a
+        # leader busy placing a backlog would lose the lease to its own traffic.
+        self.lease_nc = await connect(
+            c.nats_url, name=f"coordinator-lease:{self.candidate_id}", **c.connect_options
+        )
         self.lease = Lease(
-            self.js,
+            self.lease_nc.jetstream(timeout=5.0),
             subjects.lease_bucket(self.region),
             subjects.LEADER_KEY,
             self.candidate_id,
@@ -95,6 +109,8 @@ class Coordinator:
                 await self._state_sub.unsubscribe()
         if self.follower is not None:
             await self.follower.stop()
+        if self.lease_nc is not None:
+            await close_quietly(self.lease_nc)
         if self.nc is not None:
             await close_quietly(self.nc)
         self._stopped.set()
@@ -144,7 +160,9 @@ class Coordinator:
             self.bad_states += 1
             log.debug("bad node state dropped: %s", exc)
             return
-        if msg.subject != subjects.state(self.region, st.node_id):
+        if not subjects.is_token(st.node_id) or msg.subject != subjects.state(
+            self.region, st.node_id
+        ):
             self.bad_states += 1  # a node may only speak for itself
             return
         if self.cluster.observe(st, time.monotonic()) and self.leader is not None:

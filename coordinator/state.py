@@ -102,6 +102,7 @@ class JobRecord:
     pending_resources: Resources = Resources()  # what those tasks ask for, summed
     order: tuple[int, int] = (0, 0)  # queue order: higher priority first, then older
     pending_since: float = 0.0  # when its tasks last started waiting (starvation guard)
+    counted_as: JobState | None = None  # the state `RegionState.job_counts` counts it in
 
     @property
     def state(self) -> JobState:
@@ -161,6 +162,7 @@ class RegionState:
         self.pool_source: dict = {}
         self.preempting: set[str] = set()  # tasks whose attempt is being reclaimed
         self.parsed: dict[str, JobSpec] = {}  # job id -> its spec, parsed by this process
+        self.job_counts: dict[str, int] = {}  # jobs per JobState, kept by the fold
 
     # ------------------------------------------------------------ fold
 
@@ -235,6 +237,7 @@ class RegionState:
         self.waiting.add(ev.job_id)
         self.by_client[ev.client_id] = ev.job_id
         self.tasks.update(tasks)
+        self._recount(job)
 
     def _task_placed(self, ev: TaskPlaced) -> None:
         task = self.tasks.get(ev.task_id)
@@ -254,6 +257,7 @@ class RegionState:
         self.node_alloc[ev.node_id] = self.node_alloc.get(ev.node_id, Resources()) + task.resources
         self._grant_gpus(task, +1)
         self._history(task, ev.ts, "")
+        self._recount(self.jobs[task.job_id])
 
     def _task_updated(self, ev: TaskUpdated) -> None:
         task = self.tasks.get(ev.task_id)
@@ -306,6 +310,18 @@ class RegionState:
         job = self.jobs[task.job_id]
         if job.kill_requested:
             self._track_killing(job)
+        self._recount(job)
+
+    def _recount(self, job: JobRecord) -> None:
+        """Keep `job_counts` current, so a region-wide count costs nothing per request
+        (the API's cluster.info is polled; recounting 100,000 jobs held the loop)."""
+        now = job.state
+        if now is job.counted_as:
+            return
+        if job.counted_as is not None:
+            self.job_counts[str(job.counted_as)] -= 1
+        self.job_counts[str(now)] = self.job_counts.get(str(now), 0) + 1
+        job.counted_as = now
 
     def _track_killing(self, job: JobRecord) -> None:
         """A killed job stays in `killing` while any task may still run or be retried."""

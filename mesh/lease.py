@@ -20,7 +20,12 @@ import time
 from collections.abc import Awaitable, Callable
 
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import (
+    BadRequestError,
+    BucketNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
 from nats.js.kv import KeyValue
 
 from mesh.tasks import cancel_and_wait
@@ -177,6 +182,18 @@ async def open_lease_bucket(
     js: JetStreamContext, bucket: str, ttl: float, replicas: int = 1
 ) -> KeyValue:
     try:
-        return await js.key_value(bucket)
+        kv = await js.key_value(bucket)
     except BucketNotFoundError:
+        pass
+    else:
+        # Created earlier with fewer replicas: raise them, or the lease lives on one
+        # server and the region has no leader while that server is down.
+        info = await js.stream_info(f"KV_{bucket}")
+        if (info.config.num_replicas or 1) < replicas:
+            info.config.num_replicas = replicas
+            await js.update_stream(info.config)
+        return kv
+    try:
         return await js.create_key_value(bucket=bucket, ttl=ttl, history=1, replicas=replicas)
+    except BadRequestError:  # another candidate created it meanwhile
+        return await js.key_value(bucket)

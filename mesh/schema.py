@@ -159,6 +159,7 @@ class Assignment:
     spec: TaskSpec | None = None
     grace_s: float = wf(5.0, ge=0.0, le=3600.0)
     signature: bytes = wf(b"", max_len=256)
+    expires_at: float = wf(0.0, ge=0.0)  # signed runs are refused after it; 0: unsigned
     v: int = 1
 
 

@@ -8,6 +8,7 @@ process is ours to stop, and `stop()` leaves nothing behind.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -46,6 +47,55 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """The server's TLS: its certificate and key, and the CA its clients' certificates
+    must chain to. With `verify_and_map` a client is the user its certificate names."""
+
+    ca: str
+    cert: str
+    key: str
+    verify_and_map: bool = True
+    timeout: float = 5.0
+
+
+@dataclass(frozen=True)
+class UserPermission:
+    """One `authorization.users` entry: what the client mapped to `user` may do."""
+
+    user: str
+    publish: list[str]
+    subscribe: list[str]
+    allow_responses: bool = False
+
+
+def _q(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid nats-server config string
+
+
+def _render_tls(tls: TlsFiles) -> str:
+    lines = [
+        f"  cert_file: {_q(tls.cert)}",
+        f"  key_file: {_q(tls.key)}",
+        f"  ca_file: {_q(tls.ca)}",
+        f"  timeout: {tls.timeout}",
+    ]
+    lines.append("  verify_and_map: true" if tls.verify_and_map else "  verify: true")
+    return "tls {\n" + "\n".join(lines) + "\n}"
+
+
+def _render_users(users: list[UserPermission]) -> str:
+    entries = []
+    for u in users:
+        pub = ", ".join(_q(s) for s in u.publish)
+        sub = ", ".join(_q(s) for s in u.subscribe)
+        perms = f"publish: {{allow: [{pub}]}}, subscribe: {{allow: [{sub}]}}"
+        if u.allow_responses:
+            perms += ", allow_responses: true"
+        entries.append(f"    {{user: {_q(u.user)}, permissions: {{{perms}}}}}")
+    return "authorization {\n  users: [\n" + "\n".join(entries) + "\n  ]\n}"
+
+
 @dataclass
 class ServerConfig:
     """What one server needs. `cluster_routes` joins it to peers (a local 3-server cluster)."""
@@ -57,8 +107,11 @@ class ServerConfig:
     cluster_name: str | None = None
     cluster_port: int = 0
     cluster_routes: list[str] = field(default_factory=list)
-    sync_interval: str | None = None  # JetStream fsync policy: e.g. "always" or "2m"
-    extra_conf: str = ""  # raw nats-server config appended as is (TLS, accounts)
+    # JetStream fsync: "always" = fsync before the ack (docs/reliability.md); None = 2 min.
+    sync_interval: str | None = "always"
+    extra_conf: str = ""  # raw nats-server config appended as is
+    tls: TlsFiles | None = None  # client connections must use TLS with a verified certificate
+    users: list[UserPermission] = field(default_factory=list)  # per identity (needs `tls`)
     max_payload: int = 8 * 1024 * 1024
 
     def render(self) -> str:
@@ -81,6 +134,14 @@ class ServerConfig:
                 f"  routes: [{routes}]\n"
                 "}"
             )
+        if self.tls is not None:
+            lines.append(_render_tls(self.tls))
+            if self.tls.verify_and_map:
+                if not self.users:
+                    raise ServerError("verify_and_map needs users: every identity is one")
+                lines.append(_render_users(self.users))
+        elif self.users:
+            raise ServerError("per-identity users need `tls` (they are mapped from certificates)")
         if self.extra_conf:
             lines.append(self.extra_conf)
         return "\n".join(lines) + "\n"
@@ -98,7 +159,7 @@ class EmbeddedServer:
 
     @property
     def url(self) -> str:
-        scheme = "tls" if "tls" in self.config.extra_conf else "nats"
+        scheme = "tls" if self.config.tls is not None else "nats"
         return f"{scheme}://{self.config.host}:{self.config.port}"
 
     def start(self, timeout: float = 10.0) -> EmbeddedServer:

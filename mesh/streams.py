@@ -55,10 +55,18 @@ def stream_configs(region: str, replicas: int = 1) -> list[StreamConfig]:
 
 
 async def ensure_streams(js: JetStreamContext, region: str, replicas: int = 1) -> None:
+    """Create the streams, or keep them as they are; only ever raise their replicas.
+
+    Whoever starts first creates them: an agent (which asks for 1 replica) may come up
+    before a coordinator configured for 3, so a stream found with fewer replicas than
+    asked for is scaled up in place. Fewer are never asked of an existing stream."""
     for cfg in stream_configs(region, replicas):
         try:
             await js.add_stream(cfg)
         except BadRequestError:
             # Already there with a different config (e.g. created by an older version):
             # keep it rather than fail start-up; the subjects are what matter.
-            await js.stream_info(cfg.name)
+            info = await js.stream_info(cfg.name)
+            if (info.config.num_replicas or 1) < replicas:
+                info.config.num_replicas = replicas
+                await js.update_stream(info.config)

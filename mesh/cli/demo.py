@@ -4,6 +4,8 @@ It starts everything `mesh up` starts (NATS, two coordinator candidates, this ma
 agent, a few simulated nodes) in a temporary directory, submits a single-task job, a
 multi-task job, a simulated gang and one job that fails on purpose, waits for them,
 prints what happened, and stops it all. Exit 0 only if every job ended as expected.
+Like `mesh up`, it runs secure: TLS, a certificate per component, per-identity
+permissions and signed assignments (docs/security.md).
 """
 
 from __future__ import annotations
@@ -72,10 +74,12 @@ async def _run(mesh: LocalMesh) -> bool:
     t0 = time.monotonic()
     info = await mesh.wait_ready()
     print(
-        f"region up in {time.monotonic() - t0:.1f}s: NATS {mesh.url}, leader {info['leader']} "
+        f"region up in {time.monotonic() - t0:.1f}s: NATS {mesh.url} "
+        f"({'TLS, client certificates, signed assignments' if mesh.certs_dir else 'insecure'}), "
+        f"leader {info['leader']} "
         f"(term {info['term']}), {info['nodes'].get('ready', 0)} nodes ready\n"
     )
-    nc = await connect(mesh.url, name="mesh-demo")
+    nc = await connect(mesh.url, name="mesh-demo", **mesh.client_options())
     client = MeshClient(nc, mesh.config.region)
     try:
         print(render.nodes_table(await client.nodes()) + "\n")

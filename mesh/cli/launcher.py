@@ -4,11 +4,19 @@ An embedded nats-server, coordinator candidates, one real agent for this machine
 optionally a process of hollow nodes, each a child process started the way an
 operator would start it (`mesh coordinator`, `mesh agent`). `stop()` ends them all,
 children first, and leaves no process behind.
+
+Secure by default: on first start it makes a CA and certificates under
+`<state-dir>/certs` (`mesh certs init`), issues one for each child's identity, and
+runs NATS with TLS, verified client certificates and per-identity permissions; the
+coordinators sign assignments with the region's key and the agents verify them.
+`secure=False` (`mesh up --insecure`) runs all of it without TLS or permissions.
+`nats_servers=3` clusters three servers on loopback, with streams of three replicas.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -18,9 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.service import default_node_id
+from mesh.cli.certs import fleet_node_ids
+from mesh.cli.context import DEFAULT_USER, Context
 from mesh.client import MeshClient
-from mesh.connect import close_quietly, connect
-from mesh.server import EmbeddedServer, ServerConfig
+from mesh.connect import ClientTls, close_quietly, connect
+from mesh.security import pki
+from mesh.security.identity import Identity
+from mesh.security.permissions import server_users
+from mesh.server import EmbeddedServer, ServerConfig, TlsFiles, free_port
+from mesh.streams import ensure_streams
+
+FLEET_PREFIX = "hollow"
 
 
 @dataclass
@@ -34,23 +50,100 @@ class LocalMeshConfig:
     lease_ttl: float = 2.0
     log_level: str = "warning"
     extra_env: dict[str, str] = field(default_factory=dict)
+    secure: bool = True  # TLS, client certificates, permissions, signed assignments
+    nats_servers: int = 1  # 3: a cluster on loopback, streams with 3 replicas
+    user: str = DEFAULT_USER  # the identity the CLI (and `wait_ready`) acts as
 
 
 class LocalMesh:
     def __init__(self, config: LocalMeshConfig) -> None:
         self.config = config
-        self.server: EmbeddedServer | None = None
+        self.servers: list[EmbeddedServer] = []
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.node_id = default_node_id()
+        self.certs_dir: Path | None = config.state_dir / "certs" if config.secure else None
+
+    @property
+    def server(self) -> EmbeddedServer | None:
+        return self.servers[0] if self.servers else None
 
     @property
     def url(self) -> str:
-        assert self.server is not None
-        return self.server.url
+        assert self.servers
+        return ",".join(s.url for s in self.servers)
+
+    @property
+    def replicas(self) -> int:
+        return 3 if self.config.nats_servers >= 3 else 1
+
+    def context(self) -> Context:
+        """What later CLI commands need to reach this region (saved by `mesh up`)."""
+        certs = str(self.certs_dir.resolve()) if self.certs_dir else None
+        return Context(self.url, self.config.region, certs, self.config.user)
+
+    def tls(self, identity: Identity) -> ClientTls | None:
+        return ClientTls.for_identity(self.certs_dir, identity) if self.certs_dir else None
+
+    def client_options(self) -> dict:
+        """`connect` keyword arguments for the region's user (TLS on a secure mesh)."""
+        tls = self.tls(Identity.user(self.config.user))
+        return {"tls": tls} if tls is not None else {}
+
+    def _identities(self) -> list[Identity]:
+        c = self.config
+        wanted = [Identity.coordinator(), Identity.user(c.user)]
+        if c.real_agent:
+            wanted.append(Identity.agent(self.node_id))
+        if c.sim_nodes:
+            wanted.append(Identity.fleet(FLEET_PREFIX))
+        return wanted
+
+    def _prepare_certs(self) -> TlsFiles:
+        """The CA (made on first start, kept after) and a certificate per child."""
+        d = self.certs_dir
+        assert d is not None
+        if not pki.has_ca(d):
+            pki.init(d)
+        for ident in self._identities():
+            pki.ensure(d, ident)
+        ca, cert, key = pki.server_files(d)
+        return TlsFiles(str(ca), str(cert), str(key))
+
+    def _server_configs(self) -> list[ServerConfig]:
+        c = self.config
+        tls = users = None
+        if self.certs_dir is not None:
+            tls = self._prepare_certs()
+            fleets = {FLEET_PREFIX: fleet_node_ids(FLEET_PREFIX, c.sim_nodes)}
+            users = server_users(c.region, pki.identities(self.certs_dir), fleets=fleets)
+        n = c.nats_servers
+        if n <= 1:
+            return [
+                ServerConfig(
+                    port=c.port, store_dir=str(c.state_dir / "nats"), tls=tls, users=users or []
+                )
+            ]
+        routes = [free_port() for _ in range(n)]
+        return [
+            ServerConfig(
+                port=c.port if i == 0 else 0,
+                store_dir=str(c.state_dir / f"nats-{i + 1}"),
+                server_name=f"mesh-{i + 1}",
+                cluster_name=f"mesh-{c.region}",
+                cluster_port=routes[i],
+                cluster_routes=[
+                    f"nats-route://127.0.0.1:{p}" for j, p in enumerate(routes) if j != i
+                ],
+                tls=tls,
+                users=users or [],
+            )
+            for i in range(n)
+        ]
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         logs = self.config.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        security = ["--certs", str(self.certs_dir)] if self.certs_dir else ["--insecure"]
         cmd = [
             sys.executable,
             "-m",
@@ -61,8 +154,11 @@ class LocalMesh:
             self.config.region,
             "--log-level",
             self.config.log_level,
+            *security,
             *args,
         ]
+        env = {**os.environ, **self.config.extra_env}
+        env.pop("MESH_INSECURE", None)  # the flags above say which
         with open(logs / f"{name}.log", "ab") as out:
             proc = subprocess.Popen(
                 cmd,
@@ -70,7 +166,7 @@ class LocalMesh:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env={**os.environ, **self.config.extra_env},
+                env=env,
             )
         self.children[name] = proc
         return proc
@@ -78,8 +174,15 @@ class LocalMesh:
     def start(self) -> None:
         c = self.config
         c.state_dir.mkdir(parents=True, exist_ok=True)
-        self.server = EmbeddedServer(ServerConfig(port=c.port, store_dir=str(c.state_dir / "nats")))
-        self.server.start()
+        for cfg in self._server_configs():
+            server = EmbeddedServer(cfg)
+            self.servers.append(server)
+            server.start()
+        if self.certs_dir is not None or len(self.servers) > 1:
+            self._create_streams()
+        verify = []
+        if self.certs_dir is not None:
+            verify = ["--verify-key", str(pki.verify_key_path(self.certs_dir))]
         for i in range(1, c.candidates + 1):
             self.start_coordinator(f"coordinator-{i}")
         if c.real_agent:
@@ -92,20 +195,61 @@ class LocalMesh:
                     "--data-dir",
                     str(c.state_dir / "agent"),
                     "--kill-tasks-on-exit",
+                    *verify,
+                    # Tasks run as whoever ran `mesh up`, who can submit them anyway (the
+                    # CA and the user certificate are theirs): no privilege is crossed.
+                    *(["--allow-root"] if os.geteuid() == 0 else []),
                 ],
             )
         if c.sim_nodes:
-            self._spawn("hollow", ["agent", "--simulate", str(c.sim_nodes)])
+            self._spawn(
+                "hollow",
+                ["agent", "--simulate", str(c.sim_nodes), "--prefix", FLEET_PREFIX, *verify],
+            )
+
+    def _create_streams(self, timeout: float = 30.0) -> None:
+        """The region's streams, made with the coordinator's identity before any agent
+        starts: an agent may only create them as they are declared, and never first
+        (see docs/security.md). A new cluster needs a few seconds to elect its
+        JetStream meta leader: until then creation is retried."""
+
+        async def create() -> None:
+            opts = {}
+            if self.certs_dir is not None:
+                opts["tls"] = self.tls(Identity.coordinator())
+            nc = await connect(self.url, name="mesh-up", **opts)
+            try:
+                deadline = time.monotonic() + timeout
+                probe = nc.jetstream(timeout=0.5)  # a request before it is ready is dropped
+                while True:
+                    try:
+                        await probe.account_info()
+                        await ensure_streams(
+                            nc.jetstream(timeout=5.0), self.config.region, self.replicas
+                        )
+                        return
+                    except Exception:
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.1)
+            finally:
+                await close_quietly(nc)
+
+        # start() may be called from inside a running loop (`mesh up`): a thread of its own
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, create()).result()
 
     def start_coordinator(self, name: str) -> subprocess.Popen[bytes]:
-        return self._spawn(
-            name, ["coordinator", "--id", name, "--lease-ttl", str(self.config.lease_ttl)]
-        )
+        args = ["coordinator", "--id", name, "--lease-ttl", str(self.config.lease_ttl)]
+        args += ["--replicas", str(self.replicas)]
+        if self.certs_dir is not None:
+            args += ["--signing-key", str(pki.signing_key_path(self.certs_dir))]
+        return self._spawn(name, args)
 
     async def wait_ready(self, timeout: float = 30.0) -> dict:
         """Until a leader answers and every expected node reports ready."""
         want = (1 if self.config.real_agent else 0) + self.config.sim_nodes
-        nc = await connect(self.url, name="mesh-up")
+        nc = await connect(self.url, name="mesh-up", **self.client_options())
         client = MeshClient(nc, self.config.region, timeout=2.0)
         deadline = time.monotonic() + timeout
         try:
@@ -148,5 +292,6 @@ class LocalMesh:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.children.clear()
-        if self.server is not None:
-            self.server.stop()
+        for server in self.servers:
+            server.stop()
+        self.servers = []

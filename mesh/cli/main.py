@@ -18,11 +18,12 @@ from typing import Any
 
 from coordinator.pools import parse_pool_tree
 from mesh import logs
-from mesh.cli import load, render
+from mesh.cli import certs, load, render
 from mesh.cli.context import Context, load_context, mesh_home, save_context
 from mesh.client import MeshClient
-from mesh.connect import close_quietly, connect
+from mesh.connect import TlsConfigError, close_quietly, connect
 from mesh.schema import ApiError, ErrorCode
+from mesh.security.identity import Identity, IdentityError
 from workloads.quantity import SpecError
 from workloads.spec import parse_job_spec
 
@@ -35,6 +36,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--region", help="region (env MESH_REGION; default: context or 'default')")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--certs",
+        help="certificate directory; each component uses its identity's files there "
+        "(env MESH_CERTS; default: the `mesh up` context)",
+    )
+    p.add_argument("--user", help="user the CLI acts as (env MESH_USER; default admin)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no TLS, no client certificate (development; env MESH_INSECURE=1)",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
 
     up = sub.add_parser("up", help="run a whole region on this machine until interrupted")
@@ -45,6 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--state-dir", help="where NATS and the agent keep state (default $MESH_HOME/up)"
     )
     up.add_argument("--no-agent", action="store_true", help="no real agent for this machine")
+    up.add_argument(
+        "--insecure",
+        dest="up_insecure",
+        action="store_true",
+        help="no TLS, no certificates, no permissions (development)",
+    )
+    up.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=1,
+        choices=[1, 3],
+        help="NATS servers clustered on loopback (3: streams with 3 replicas)",
+    )
 
     demo = sub.add_parser("demo", help="start a throwaway region, run sample jobs, summarise")
     demo.add_argument("--sim-nodes", type=int, default=4)
@@ -56,6 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     ag.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
     ag.add_argument("--run-as", help="run task commands as this user")
+    ag.add_argument(
+        "--allow-root",
+        action="store_true",
+        help="let a root agent with no --run-as run task commands as root (refused otherwise)",
+    )
+    ag.add_argument(
+        "--verify-key",
+        metavar="PEM",
+        help="coordinator's Ed25519 public key: refuse assignments whose signature fails",
+    )
     ag.add_argument("--limits", default="auto", choices=["auto", "cgroup", "rlimit", "none"])
     ag.add_argument(
         "--simulate",
@@ -65,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run N simulated (hollow) nodes instead of a real agent",
     )
     ag.add_argument("--seed", type=int, default=0, help="inventory mix seed for --simulate")
+    ag.add_argument("--prefix", default="hollow", help="with --simulate: node ids PREFIX-NNNN")
     ag.add_argument(
         "--cpus",
         type=int,
@@ -81,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     co = sub.add_parser("coordinator", help="run a coordinator candidate")
     co.add_argument("--id", dest="candidate_id", default=None)
     co.add_argument("--lease-ttl", type=float, default=2.0)
+    co.add_argument("--replicas", type=int, default=1, help="replicas of the region's streams")
+    co.add_argument(
+        "--signing-key", metavar="PEM", help="Ed25519 private key: sign every assignment"
+    )
 
     job = sub.add_parser("job", help="submit and manage jobs").add_subparsers(
         dest="job_cmd", required=True
@@ -125,24 +165,32 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_parser("info", help="leader, term, node and job counts")
 
     load.add_parser(sub)
+    certs.add_parser(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.setup(args.log_level)
-    ctx = load_context(args.nats, args.region)
+    insecure = args.insecure or getattr(args, "up_insecure", False)
+    ctx = load_context(args.nats, args.region, args.certs, user_flag=args.user, insecure=insecure)
     try:
+        if args.cmd == "certs":
+            return certs.run(args, args.certs, ctx.region)
         if args.cmd == "up":
             return _up(args, ctx)
         if args.cmd == "demo":
             from mesh.cli.demo import run_demo
 
             return run_demo(args.sim_nodes)
-        if args.cmd == "agent":
-            return asyncio.run(_agent(args, ctx))
-        if args.cmd == "coordinator":
-            return asyncio.run(_coordinator(args, ctx))
+        try:
+            if args.cmd == "agent":
+                return asyncio.run(_agent(args, ctx))
+            if args.cmd == "coordinator":
+                return asyncio.run(_coordinator(args, ctx))
+        except (TlsConfigError, IdentityError) as exc:
+            print(f"mesh {args.cmd}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         if args.cmd == "load":
             try:  # before connecting: a bad value needs no mesh to be reported
                 args.workload = load.workload(args)
@@ -174,6 +222,8 @@ def _up(args: argparse.Namespace, ctx: Context) -> int:
             sim_nodes=args.sim_nodes,
             port=args.port,
             log_level=args.log_level,
+            secure=not (args.insecure or args.up_insecure),
+            nats_servers=args.nats_cluster,
         )
     )
     stop = asyncio.Event()
@@ -184,10 +234,11 @@ def _up(args: argparse.Namespace, ctx: Context) -> int:
             loop.add_signal_handler(sig, stop.set)
         mesh.start()
         info = await mesh.wait_ready()
-        path = save_context(Context(mesh.url, ctx.region))
+        path = save_context(mesh.context())
         print(
             f"mesh is up: {mesh.url} (region {ctx.region}, leader {info['leader']}, "
-            f"{info['nodes'].get('ready', 0)} nodes)"
+            f"{info['nodes'].get('ready', 0)} nodes, "
+            f"{'TLS, certificates in ' + str(mesh.certs_dir) if mesh.certs_dir else 'INSECURE'})"
         )
         print(f"context written to {path}; logs in {state_dir / 'logs'}; Ctrl-C stops it all")
         while not stop.is_set():
@@ -224,6 +275,9 @@ async def _agent(args: argparse.Namespace, ctx: Context) -> int:
             seed=args.seed,
             heartbeat_s=args.heartbeat,
             inventories=uniform,
+            verify_key=args.verify_key,
+            prefix=args.prefix,
+            tls=ctx.tls(Identity.fleet(args.prefix)),
         )
         await fleet.start()
         try:
@@ -251,7 +305,10 @@ async def _agent(args: argparse.Namespace, ctx: Context) -> int:
             data_dir=args.data_dir or str(mesh_home() / "agent" / node_id),
             heartbeat_s=args.heartbeat,
             run_as=args.run_as,
+            allow_root=args.allow_root,
+            verify_key=args.verify_key,
             limits=args.limits,
+            tls=ctx.tls(Identity.agent(node_id)),
         )
     )
     await agent.start()
@@ -271,6 +328,9 @@ async def _coordinator(args: argparse.Namespace, ctx: Context) -> int:
             region=ctx.region,
             candidate_id=args.candidate_id or f"coordinator-{uuid.uuid4().hex[:6]}",
             lease_ttl=args.lease_ttl,
+            signing_key=args.signing_key,
+            replicas=args.replicas,
+            connect_options=ctx.connect_options(Identity.coordinator()),
         )
     )
     await coord.start()
@@ -286,7 +346,14 @@ async def _coordinator(args: argparse.Namespace, ctx: Context) -> int:
 
 async def _client_command(args: argparse.Namespace, ctx: Context) -> int:
     try:
-        nc = await connect(ctx.url, name="mesh-cli", reconnect=False, connect_timeout=2.0)
+        options = ctx.connect_options(Identity.user(ctx.user))
+    except (TlsConfigError, IdentityError) as exc:
+        print(f"mesh: {exc} (or --insecure for a mesh without TLS)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        nc = await connect(
+            ctx.url, name="mesh-cli", reconnect=False, connect_timeout=2.0, **options
+        )
     except Exception as exc:
         print(
             f"cannot reach NATS at {ctx.url}: {exc or type(exc).__name__} "

@@ -54,7 +54,7 @@ def _descendants(pid: int) -> list[int]:
 def test_up_then_commands_from_another_terminal(mesh_up, tmp_path):
     env, up = mesh_up
     ctx = json.loads((tmp_path / "home" / "context.json").read_text())
-    assert ctx["url"].startswith("nats://127.0.0.1:")
+    assert ctx["url"].startswith("tls://127.0.0.1:") and ctx["certs"]  # secure by default
 
     ok = tmp_path / "ok.yaml"
     ok.write_text("name: cli-ok\ntasks:\n  - role: main\n    command: echo from-cli\n")

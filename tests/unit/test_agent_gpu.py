@@ -377,7 +377,11 @@ async def test_agent_reports_watchdog_sets_env_and_fails_an_overusing_task(nats_
     gpus = FakeGpus()
     agent = Agent(
         AgentConfig(
-            nats_server.url, node_id="g1", data_dir=str(tmp_path / "a"), gpu_watchdog_s=0.05
+            nats_server.url,
+            node_id="g1",
+            data_dir=str(tmp_path / "a"),
+            gpu_watchdog_s=0.05,
+            allow_root=os.geteuid() == 0,
         ),
         gpu_probe=gpus,
     )

@@ -101,6 +101,10 @@ def check_indexes(state: RegionState) -> None:
             if t.state == S.PENDING:
                 asked = asked + t.resources
         assert job.pending_resources == asked, job.job_id
+    counts: dict[str, int] = {}
+    for job in state.jobs.values():
+        counts[str(job.state)] = counts.get(str(job.state), 0) + 1
+    assert {s: n for s, n in state.job_counts.items() if n} == counts
     holding: dict[str, set[str]] = {}
     for tid, t in tasks.items():
         if t.state in HOLDING:

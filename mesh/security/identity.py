@@ -1,0 +1,102 @@
+"""Who a client is, and where its certificate and key live by convention.
+
+A certificate's subject is `CN=<common name>` and nothing else, so the user name the
+server maps it to (`verify_and_map`) is `CN=<common name>`:
+
+| identity          | common name    | files in the certificate dir     | inbox prefix          |
+|-------------------|----------------|----------------------------------|-----------------------|
+| the coordinators  | `coordinator`  | coordinator.crt, coordinator.key | `_INBOX.coordinator`  |
+| the agent of NODE | `agent:NODE`   | agent-NODE.crt, agent-NODE.key   | `_INBOX.agent.NODE`   |
+| a hollow fleet    | `fleet:PREFIX` | fleet-PREFIX.crt, ...            | `_INBOX.fleet.PREFIX` |
+| a user NAME       | `user:NAME`    | user-NAME.crt, user-NAME.key     | `_INBOX.user.NAME`    |
+
+Each identity receives replies only on its own inbox prefix: with the default shared
+`_INBOX.>` any client could subscribe to every reply, including the assignments the
+server delivers to another agent's pull requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mesh import subjects
+
+AGENT, FLEET, USER, COORDINATOR = "agent", "fleet", "user", "coordinator"
+KINDS = (AGENT, FLEET, USER, COORDINATOR)
+CA_CERT, CA_KEY = "ca.crt", "ca.key"
+SERVER_CERT, SERVER_KEY = "server.crt", "server.key"
+
+
+class IdentityError(ValueError):
+    """A malformed identity or common name."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    kind: str
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise IdentityError(f"unknown identity kind {self.kind!r}")
+        if self.kind == COORDINATOR:
+            if self.name:
+                raise IdentityError("the coordinator identity has no name")
+        else:
+            try:
+                subjects.token(self.name, f"{self.kind} name")
+            except subjects.SubjectError as exc:
+                raise IdentityError(str(exc)) from None
+
+    @classmethod
+    def agent(cls, node_id: str) -> Identity:
+        return cls(AGENT, node_id)
+
+    @classmethod
+    def fleet(cls, prefix: str) -> Identity:
+        return cls(FLEET, prefix)
+
+    @classmethod
+    def user(cls, name: str) -> Identity:
+        return cls(USER, name)
+
+    @classmethod
+    def coordinator(cls) -> Identity:
+        return cls(COORDINATOR)
+
+    @classmethod
+    def parse(cls, common_name: str) -> Identity:
+        """`coordinator`, `agent:NODE`, `fleet:PREFIX` or `user:NAME`."""
+        if common_name == COORDINATOR:
+            return cls.coordinator()
+        kind, sep, name = common_name.partition(":")
+        if not sep or kind == COORDINATOR:
+            raise IdentityError(f"not a mesh identity: {common_name!r}")
+        return cls(kind, name)
+
+    @property
+    def common_name(self) -> str:
+        return COORDINATOR if self.kind == COORDINATOR else f"{self.kind}:{self.name}"
+
+    @property
+    def user_name(self) -> str:
+        """The name `verify_and_map` gives a client presenting this identity's certificate."""
+        return f"CN={self.common_name}"
+
+    @property
+    def stem(self) -> str:
+        return COORDINATOR if self.kind == COORDINATOR else f"{self.kind}-{self.name}"
+
+    @property
+    def inbox_prefix(self) -> str:
+        return "_INBOX." + (COORDINATOR if self.kind == COORDINATOR else f"{self.kind}.{self.name}")
+
+    def cert_path(self, certs_dir: str | Path) -> Path:
+        return Path(certs_dir) / f"{self.stem}.crt"
+
+    def key_path(self, certs_dir: str | Path) -> Path:
+        return Path(certs_dir) / f"{self.stem}.key"
+
+    def __str__(self) -> str:
+        return self.common_name

@@ -1,0 +1,167 @@
+"""What each identity may publish and subscribe to: a pure function of the region and
+the identity, built from `mesh.subjects` (never from a second copy of a subject).
+
+The NATS server enforces these (`authorization.users[].permissions`); whatever is not
+listed is denied. JetStream is reached through subjects too, so an agent's access to
+the assignment stream is limited to the API calls of its own durable consumer:
+
+- `CONSUMER.INFO` / `CONSUMER.MSG.NEXT` of `agent_<node>`, and `$JS.ACK` of its messages;
+- `CONSUMER.CREATE.<stream>.agent_<node>.<its assign subject>`: the filter is part of
+  the subject, and the server rejects a request whose body names another filter, so an
+  agent cannot create a consumer over another node's assignments. The older create
+  subjects that carry no filter (`CONSUMER.CREATE.<stream>.<name>`,
+  `CONSUMER.DURABLE.CREATE...`) are not granted.
+
+Replies come back on the identity's own inbox prefix (see `mesh.security.identity`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from mesh import subjects
+from mesh.security.identity import AGENT, COORDINATOR, FLEET, USER, Identity, IdentityError
+from mesh.server import UserPermission
+
+JS_API = "$JS.API"
+JS_ACK = "$JS.ACK"
+JS_FLOW_CONTROL = "$JS.FC.>"
+SERVICE_DISCOVERY = "$SRV.>"  # nats micro: PING/INFO/STATS
+
+
+@dataclass(frozen=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    allow_responses: bool = False
+
+
+def _all_under(subject: str) -> str:
+    """`a.b.c` -> `a.b.>`: everything beside and below a subject's last token."""
+    return subject.rsplit(".", 1)[0] + ".>"
+
+
+def _any_last(subject: str) -> str:
+    """`a.b.c` -> `a.b.*`."""
+    return subject.rsplit(".", 1)[0] + ".*"
+
+
+def fleet_consumer(prefix: str) -> str:
+    """The durable consumer of a hollow fleet (agent.link.FleetFeed names it so)."""
+    return f"fleet_{subjects.token(prefix, 'fleet prefix')}"
+
+
+def _streams(region: str) -> list[str]:
+    return [
+        subjects.log_stream(region),
+        subjects.assign_stream(region),
+        subjects.events_stream(region),
+    ]
+
+
+def _ensure_streams(region: str) -> list[str]:
+    """What `mesh.streams.ensure_streams` sends: create (a no-op, or refused, once the
+    coordinator made them) then info. Only these three names."""
+    out = []
+    for s in _streams(region):
+        out += [f"{JS_API}.STREAM.CREATE.{s}", f"{JS_API}.STREAM.INFO.{s}"]
+    return out
+
+
+def _consumer_calls(stream: str, consumer: str, filter_subject: str | None) -> list[str]:
+    create = f"{JS_API}.CONSUMER.CREATE.{stream}.{consumer}"
+    return [
+        f"{JS_API}.CONSUMER.INFO.{stream}.{consumer}",
+        f"{create}.{filter_subject}" if filter_subject else create,
+        f"{JS_API}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+        f"{JS_ACK}.{stream}.{consumer}.>",
+    ]
+
+
+def permissions(region: str, identity: Identity, *, fleet_nodes: Sequence[str] = ()) -> Permissions:
+    """The permissions of `identity` in `region`. A fleet speaks for `fleet_nodes`,
+    each of which must be named `<prefix>-...` (hollow nodes are)."""
+    r = subjects.token(region, "region")
+    inbox = identity.inbox_prefix + ".>"
+    if identity.kind == AGENT:
+        node = identity.name
+        stream = subjects.assign_stream(r)
+        return Permissions(
+            publish=(
+                subjects.state(r, node),
+                subjects.events(r, node),
+                *_consumer_calls(stream, subjects.agent_consumer(node), subjects.assign(r, node)),
+                *_ensure_streams(r),
+            ),
+            subscribe=(subjects.assign(r, node), subjects.task_logs(r, node), inbox),
+            allow_responses=True,  # it answers log requests
+        )
+    if identity.kind == FLEET:
+        nodes = list(dict.fromkeys(fleet_nodes))
+        for n in nodes:
+            subjects.token(n, "node id")
+            if not n.startswith(identity.name + "-"):
+                raise IdentityError(f"fleet {identity.name!r} cannot speak for node {n!r}")
+        stream = subjects.assign_stream(r)
+        return Permissions(
+            publish=(
+                *(subjects.state(r, n) for n in nodes),
+                *(subjects.events(r, n) for n in nodes),
+                # Its consumer filters on many subjects, which no create subject can
+                # carry: see docs/security.md ("hollow fleets").
+                *_consumer_calls(stream, fleet_consumer(identity.name), None),
+                *_ensure_streams(r),
+            ),
+            subscribe=(inbox,),
+        )
+    if identity.kind == USER:
+        return Permissions(
+            publish=(
+                _all_under(subjects.api(r, "x")),
+                _any_last(subjects.task_logs(r, "x")),  # `mesh job logs` asks the agent
+            ),
+            subscribe=(inbox,),
+        )
+    if identity.kind == COORDINATOR:
+        return Permissions(
+            publish=(
+                subjects.assign_all(r),
+                subjects.job_log(r),
+                _all_under(subjects.leader_api(r, "x")),  # followers forward writes
+                f"{JS_API}.>",
+                f"{JS_ACK}.>",
+                JS_FLOW_CONTROL,
+                f"$KV.{subjects.lease_bucket(r)}.>",
+            ),
+            subscribe=(
+                subjects.state_all(r),
+                _all_under(subjects.api(r, "x")),
+                _all_under(subjects.leader_api(r, "x")),
+                SERVICE_DISCOVERY,
+                inbox,
+            ),
+            allow_responses=True,  # API replies
+        )
+    raise IdentityError(f"unknown identity kind {identity.kind!r}")  # pragma: no cover
+
+
+def server_users(
+    region: str,
+    identities: Iterable[Identity],
+    *,
+    fleets: Mapping[str, Sequence[str]] | None = None,
+) -> list[UserPermission]:
+    """The `authorization.users` of a region's servers: one per identity, named as
+    `verify_and_map` names a client presenting that identity's certificate. `fleets`
+    maps a fleet prefix to the node ids it speaks for (none if absent)."""
+    fleets = fleets or {}
+    out = []
+    for ident in dict.fromkeys(identities):
+        p = permissions(
+            region, ident, fleet_nodes=fleets.get(ident.name, ()) if ident.kind == FLEET else ()
+        )
+        out.append(
+            UserPermission(ident.user_name, list(p.publish), list(p.subscribe), p.allow_responses)
+        )
+    return out

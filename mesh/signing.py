@@ -1,0 +1,208 @@
+"""Ed25519 signatures on assignments: the coordinator signs, agents verify.
+
+An agent executes commands, so what reaches its assignment subject is treated as
+hostile until proven otherwise. The region coordinator signs every assignment (run and
+kill) with its private key just before publishing it; an agent given the public key
+refuses anything whose signature does not verify.
+
+The signature covers a canonical encoding of every field that decides what runs
+where: kind, node, job, task, attempt, term, issued_at, expires_at, grace_s and the
+whole TaskSpec (argv, env, workdir, resources, GPUs, ...). Canonical means the same
+bytes on both sides whatever the dict order or number type on the wire: map keys are
+sorted and an integral float is written as an integer (the decoder turns a `5` for a
+float field into `5.0`). A domain prefix ("mesh-assignment-v1") keeps these bytes from
+ever being mistaken for another signed message.
+
+Checks (`verify`), for both kinds: a signature is present, it verifies under the key,
+and the assignment names this node. For runs only, also: not expired and not issued
+too far in the future (clock skew bound). Kills skip the time checks on purpose: a
+kill names one attempt that the coordinator decided must not run, so honouring an old
+or replayed (but genuine) kill can only stop what was already condemned. A replayed
+*run* is refused by expiry once it is old, and before that by the agent's own
+de-duplication on (task, attempt) -- `verify` is pure and does not keep that state.
+
+Everything here is pure except key generation and loading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+
+from mesh.codec import to_wire
+from mesh.schema import Assignment
+
+log = logging.getLogger("mesh.signing")
+
+DOMAIN = b"mesh-assignment-v1\x00"
+DEFAULT_TTL_S = 300.0  # how long a signed run stays valid (well under the hollow SEEN_TTL_S)
+DEFAULT_MAX_SKEW_S = 30.0  # how far the coordinator's clock may be ahead of or behind ours
+KEY_FILE = "assignments.key"
+PUB_FILE = "assignments.pub"
+
+SigningKey = Ed25519PrivateKey
+VerifyKey = Ed25519PublicKey
+
+
+class AssignmentRefused(Exception):
+    """An assignment that must not be acted on. `reason` is one short code:
+    unsigned, bad-signature, wrong-node, expired, future; `detail` says more."""
+
+    REASONS = ("unsigned", "bad-signature", "wrong-node", "expired", "future")
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+    @property
+    def genuine(self) -> bool:
+        """The signature verified (the coordinator did issue it): refused only for its age.
+        Such a refusal may be reported as the attempt's failure; a forged one may not."""
+        return self.reason in ("expired", "future")
+
+
+# ---------------------------------------------------------------- keys
+
+
+def generate_keypair(
+    directory: str | os.PathLike[str], *, overwrite: bool = False
+) -> tuple[Path, Path]:
+    """A new Ed25519 key pair as PEM files in `directory`: (private key, public key).
+    The private key file is created 0600 (never wider, even briefly); an existing key
+    is not replaced unless `overwrite`."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    key_path, pub_path = d / KEY_FILE, d / PUB_FILE
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags |= os.O_TRUNC if overwrite else os.O_EXCL
+    fd = os.open(key_path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an overwritten file keeps its old mode otherwise
+        os.write(fd, private)
+    finally:
+        os.close(fd)
+    tmp = pub_path.with_name(pub_path.name + ".tmp")
+    tmp.write_bytes(public)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, pub_path)
+    return key_path, pub_path
+
+
+def load_signing_key(path: str | os.PathLike[str]) -> SigningKey:
+    """The coordinator's private key (PEM, unencrypted PKCS8). Warns if others can read it."""
+    p = Path(path)
+    mode = p.stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning(
+            "signing key %s is accessible to others (mode %o): chmod 600 it", p, mode & 0o777
+        )
+    key = serialization.load_pem_private_key(p.read_bytes(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"{p}: not an Ed25519 private key")
+    return key
+
+
+def load_verify_key(path: str | os.PathLike[str]) -> VerifyKey:
+    """An agent's copy of the coordinator's public key (PEM)."""
+    p = Path(path)
+    key = serialization.load_pem_public_key(p.read_bytes())
+    if not isinstance(key, Ed25519PublicKey):
+        raise ValueError(f"{p}: not an Ed25519 public key")
+    return key
+
+
+# ---------------------------------------------------------------- canonical bytes
+
+
+def _canon(x: Any) -> Any:
+    """Wire data in one form: maps sorted by key, integral floats as ints."""
+    if isinstance(x, dict):
+        return {k: _canon(x[k]) for k in sorted(x, key=str)}
+    if isinstance(x, list):
+        return [_canon(v) for v in x]
+    if isinstance(x, float) and x.is_integer() and abs(x) < 2**53:
+        return int(x)
+    return x
+
+
+def signed_bytes(a: Assignment) -> bytes:
+    """What the signature covers: everything of `a` but the signature itself (and `v`)."""
+    spec = None if a.spec is None else _canon(to_wire(a.spec))
+    body = [
+        a.kind,
+        a.node_id,
+        a.job_id,
+        a.task_id,
+        a.attempt,
+        a.term,
+        _canon(float(a.issued_at)),
+        _canon(float(a.expires_at)),
+        _canon(float(a.grace_s)),
+        spec,
+    ]
+    return DOMAIN + msgpack.packb(body, use_bin_type=True)
+
+
+# ---------------------------------------------------------------- sign and verify
+
+
+def sign(a: Assignment, key: SigningKey, ttl_s: float = DEFAULT_TTL_S) -> Assignment:
+    """`a` valid until `issued_at + ttl_s`, signed."""
+    a = dataclasses.replace(a, expires_at=a.issued_at + ttl_s, signature=b"")
+    return dataclasses.replace(a, signature=key.sign(signed_bytes(a)))
+
+
+def verify(
+    a: Assignment,
+    pub: VerifyKey,
+    node_id: str,
+    now: float,
+    max_skew_s: float = DEFAULT_MAX_SKEW_S,
+) -> None:
+    """Returns if `a` may be acted on by `node_id` at `now`; raises AssignmentRefused."""
+    if not a.signature:
+        raise AssignmentRefused(
+            "unsigned", f"{a.kind} {a.task_id}#{a.attempt} carries no signature"
+        )
+    try:
+        pub.verify(a.signature, signed_bytes(a))
+    except InvalidSignature:
+        raise AssignmentRefused(
+            "bad-signature", f"{a.kind} {a.task_id}#{a.attempt}: forged or altered"
+        ) from None
+    if a.node_id != node_id:
+        raise AssignmentRefused("wrong-node", f"addressed to {a.node_id!r}, this is {node_id!r}")
+    if a.kind != "run":
+        return  # kills: see the module docstring
+    if now > a.expires_at + max_skew_s:
+        raise AssignmentRefused(
+            "expired", f"run {a.task_id}#{a.attempt} expired {now - a.expires_at:.0f} s ago"
+        )
+    if a.issued_at > now + max_skew_s:
+        raise AssignmentRefused(
+            "future",
+            f"run {a.task_id}#{a.attempt} issued {a.issued_at - now:.0f} s in the future "
+            f"(clocks differ by more than {max_skew_s:g} s?)",
+        )

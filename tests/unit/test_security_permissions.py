@@ -1,0 +1,162 @@
+"""The permission matrix: a pure function of region and identity."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.hollow import HollowFleet
+from agent.link import FleetFeed
+from mesh import subjects
+from mesh.cli.certs import fleet_node_ids
+from mesh.security.identity import Identity, IdentityError
+from mesh.security.permissions import fleet_consumer, permissions, server_users
+from mesh.server import ServerConfig, ServerError, TlsFiles
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching (`*` one token, `>` the rest)."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+def allowed(patterns, subject: str) -> bool:
+    return any(matches(p, subject) for p in patterns)
+
+
+R = "eu"
+A, B = Identity.agent("node-a"), Identity.agent("node-b")
+S = subjects.assign_stream(R)
+
+
+def test_agent_speaks_only_for_itself():
+    p = permissions(R, A)
+    assert allowed(p.publish, subjects.state(R, "node-a"))
+    assert allowed(p.publish, subjects.events(R, "node-a"))
+    assert not allowed(p.publish, subjects.state(R, "node-b"))
+    assert not allowed(p.publish, subjects.events(R, "node-b"))
+    assert allowed(p.subscribe, subjects.assign(R, "node-a"))
+    assert allowed(p.subscribe, subjects.task_logs(R, "node-a"))
+    assert not allowed(p.subscribe, subjects.assign(R, "node-b"))
+    assert not allowed(p.subscribe, "_INBOX.abc")  # nor everyone's replies
+    assert not allowed(p.subscribe, "_INBOX.agent.node-b.x")
+    assert allowed(p.subscribe, "_INBOX.agent.node-a.x")
+    assert p.allow_responses
+
+
+def test_agent_jetstream_is_its_own_consumer_only():
+    p = permissions(R, A)
+    own = subjects.agent_consumer("node-a")
+    assert allowed(p.publish, f"$JS.API.CONSUMER.INFO.{S}.{own}")
+    assert allowed(p.publish, f"$JS.API.CONSUMER.MSG.NEXT.{S}.{own}")
+    assert allowed(p.publish, f"$JS.ACK.{S}.{own}.1.2.3.4.5")
+    assert allowed(p.publish, f"$JS.API.CONSUMER.CREATE.{S}.{own}.{subjects.assign(R, 'node-a')}")
+    other = subjects.agent_consumer("node-b")
+    for subject in (
+        f"$JS.API.CONSUMER.CREATE.{S}.{own}",  # no filter in the subject: any filter
+        f"$JS.API.CONSUMER.CREATE.{S}.{own}.{subjects.assign(R, 'node-b')}",
+        f"$JS.API.CONSUMER.CREATE.{S}.{other}.{subjects.assign(R, 'node-b')}",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{S}.{own}",
+        f"$JS.API.CONSUMER.CREATE.{S}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{S}.{other}",
+        f"$JS.API.CONSUMER.DELETE.{S}.{other}",
+        f"$JS.ACK.{S}.{other}.1.2.3.4.5",
+        f"$JS.API.STREAM.UPDATE.{S}",
+        f"$JS.API.STREAM.DELETE.{S}",
+        f"$JS.API.STREAM.PURGE.{S}",
+        "$JS.API.STREAM.CREATE.OTHER",
+        f"$KV.{subjects.lease_bucket(R)}.{subjects.LEADER_KEY}",
+        subjects.api(R, "job.submit"),
+        subjects.api(R, "pool.apply"),
+        subjects.leader_api(R, "job.submit"),
+        subjects.assign(R, "node-a"),
+        subjects.job_log(R),
+    ):
+        assert not allowed(p.publish, subject), subject
+
+
+def test_user_calls_the_api_only():
+    p = permissions(R, Identity.user("alice"))
+    assert allowed(p.publish, subjects.api(R, "job.submit"))
+    assert allowed(p.publish, subjects.api(R, "pool.apply"))
+    assert allowed(p.publish, subjects.task_logs(R, "node-a"))
+    assert not allowed(p.publish, subjects.api("other", "job.submit"))
+    assert not allowed(p.publish, subjects.state(R, "node-a"))
+    assert not allowed(p.publish, subjects.leader_api(R, "job.submit"))
+    assert not allowed(p.publish, subjects.assign(R, "node-a"))
+    assert not allowed(p.publish, "$JS.API.STREAM.INFO." + S)
+    assert p.subscribe == ("_INBOX.user.alice.>",)
+    assert not p.allow_responses
+
+
+def test_coordinator():
+    p = permissions(R, Identity.coordinator())
+    for subject in (
+        subjects.assign(R, "node-a"),
+        subjects.job_log(R),
+        subjects.leader_api(R, "job.submit"),
+        "$JS.API.STREAM.CREATE." + S,
+        f"$KV.{subjects.lease_bucket(R)}.{subjects.LEADER_KEY}",
+    ):
+        assert allowed(p.publish, subject), subject
+    assert not allowed(p.publish, subjects.state(R, "node-a"))
+    assert not allowed(p.publish, subjects.events(R, "node-a"))
+    for subject in (subjects.state(R, "n"), subjects.api(R, "job.get"), "$SRV.PING"):
+        assert allowed(p.subscribe, subject)
+    assert not allowed(p.subscribe, subjects.state("other", "n"))
+
+
+def test_fleet_speaks_for_its_nodes_only():
+    nodes = fleet_node_ids("sim", 3)
+    p = permissions(R, Identity.fleet("sim"), fleet_nodes=nodes)
+    for n in nodes:
+        assert allowed(p.publish, subjects.state(R, n))
+        assert allowed(p.publish, subjects.events(R, n))
+    assert not allowed(p.publish, subjects.state(R, "sim-0003"))
+    assert not allowed(p.publish, subjects.state(R, "node-a"))
+    assert allowed(p.publish, f"$JS.API.CONSUMER.MSG.NEXT.{S}.{fleet_consumer('sim')}")
+    assert not allowed(p.publish, f"$JS.API.CONSUMER.MSG.NEXT.{S}.{subjects.agent_consumer(n)}")
+    with pytest.raises(IdentityError):
+        permissions(R, Identity.fleet("sim"), fleet_nodes=["other-0000"])
+
+
+def test_names_agree_with_the_agent_code():
+    fleet = HollowFleet("nats://unused", R, 5, prefix="sim")
+    assert list(fleet.nodes) == fleet_node_ids("sim", 5)
+    feed = FleetFeed(None, R, "sim", list(fleet.nodes), lambda n, a: None)  # type: ignore[arg-type]
+    assert feed.durable == fleet_consumer("sim")
+
+
+@pytest.mark.parametrize("bad", ["a.b", "*", ">", "", "x y", "a" * 65])
+def test_hostile_names_are_refused(bad):
+    with pytest.raises(IdentityError):
+        Identity.agent(bad)
+    with pytest.raises(IdentityError):
+        Identity.user(bad)
+
+
+def test_identity_round_trip():
+    for ident in (A, Identity.user("u"), Identity.fleet("f"), Identity.coordinator()):
+        assert Identity.parse(ident.common_name) == ident
+        assert ident.user_name == f"CN={ident.common_name}"
+    for bad in ("root", "coordinator:x", "agent:", "admin:x"):
+        with pytest.raises(IdentityError):
+            Identity.parse(bad)
+
+
+def test_server_config_renders_tls_and_users():
+    users = server_users(R, [A, Identity.user("u")])
+    cfg = ServerConfig(port=4222, store_dir="/s", tls=TlsFiles("/c/ca", "/c/s.crt", "/c/s.key"))
+    with pytest.raises(ServerError):  # verify_and_map with no user would admit anyone
+        cfg.render()
+    cfg.users = users
+    text = cfg.render()
+    assert "verify_and_map: true" in text
+    assert '"CN=agent:node-a"' in text and '"CN=user:u"' in text
+    assert "allow_responses: true" in text
+    with pytest.raises(ServerError):
+        ServerConfig(users=users).render()  # users without TLS
