@@ -8,7 +8,10 @@ As Peloton's ``pkg/resmgr/respool/admission.go``, per leaf pool and per kind the
 
 Jobs are taken in priority order (higher first; equal priorities in the order given). A job
 that does not fit does not stop the queue: up to ``lookahead`` jobs behind the first
-blocked one are still tried, and any that fit are admitted (backfill). A non-preemptible
+blocked one are still tried, and any that fit are admitted (backfill). Only jobs that ask
+for a kind the blocked job is short of count against the look-ahead: a CPU-only job
+cannot delay a job waiting for GPUs, so it is never held back for it (with one mixed
+queue, a region out of GPUs would otherwise admit 16 jobs a cycle). A non-preemptible
 job blocked only by its reservation is set aside like Peloton's side queue and opens no
 window; a job that can never fit (above its pool's limit; non-preemptible and above the
 reservation) is reported as such, blocks nothing, and should be failed by the caller.
@@ -114,18 +117,19 @@ def _admit_pool(tree, pool, queue, ent_r, alloc_out, np_out, lookahead, waited, 
         return f"pool {pool}: can never be admitted: " + "; ".join(bad) if bad else None
 
     first_blocked: str | None = None
+    short_kinds: list[int] = []  # the kinds first_blocked is short of
     budget = lookahead
     taken: list[Resources] = []
     np_taken: list[Resources] = []
     for pos, job in enumerate(queue):
-        if first_blocked is not None:
+        need = _vec(job.resources)
+        if first_blocked is not None and any(need[j] for j in short_kinds):
             if budget == 0:
-                _rest(queue[pos:], f"pool {pool}: waiting behind blocked job {first_blocked}: "
+                _rest([job], f"pool {pool}: waiting behind blocked job {first_blocked}: "
                       f"the look-ahead of {lookahead} jobs past it is used up this cycle",
                       never_reason, blocked, never)
-                break
+                continue
             budget -= 1
-        need = _vec(job.resources)
         reason = never_reason(need, job.preemptible)
         if reason:
             blocked[job.job_id] = reason
@@ -142,6 +146,7 @@ def _admit_pool(tree, pool, queue, ent_r, alloc_out, np_out, lookahead, waited, 
             blocked[job.job_id] = f"pool {pool}: " + "; ".join(short + np_short)
             if first_blocked is None and job.preemptible:
                 first_blocked = job.job_id  # a non-preemptible job is set aside instead
+                short_kinds = [j for j in range(4) if need[j] and alloc[j] + need[j] > ent[j]]
             cycles = waited.get(job.job_id, 0) + 1
             # Holding the queue helps only a job short of entitlement that fits once the
             # pool's allocation drains: not one short of non-preemptible room.

@@ -164,3 +164,15 @@ def test_never_over_entitlement_or_reservation(specs, ent_gpu, alloc_gpu, lookah
         np_admitted = sum(j.resources.gpu for j in pending
                           if j.pool == p and j.job_id in a.admitted and not j.preemptible)
         assert np_admitted <= TREE[p].gpu.reservation
+
+
+def test_jobs_that_do_not_compete_for_the_blocked_kind_use_no_look_ahead():
+    # "big" waits for GPUs; CPU-only jobs behind it cannot delay it, so all are admitted
+    # past a look-ahead of 1, while GPU jobs behind it still use (and exhaust) it.
+    ent = {V: Resources(cpu=100_000, gpu=8000), "/ml/nlp": gpus(8)}
+    cpu = [PendingJob(f"c{i}", V, Resources(cpu=1000)) for i in range(5)]
+    pending = [job("big", 6), *cpu[:2], job("g1", 1), *cpu[2:], job("g2", 1)]
+    a = admit(TREE, pending, ent, {V: gpus(4)}, {}, lookahead=1)
+    assert a.admitted == ["c0", "c1", "g1", "c2", "c3", "c4"]
+    assert "look-ahead of 1 jobs past it is used up" in a.blocked["g2"]
+    assert set(a.blocked) == {"big", "g2"}
