@@ -126,17 +126,10 @@ class Leader:
         for _ in range(MAX_ROUNDS):
             self.coord.cluster.sweep(time.monotonic())
             now = time.time()
-            # In a thread, so a long round (a big backlog on a big region) never holds
-            # the event loop: lease renewals, heartbeats and the API go on meanwhile.
-            # The log is not applied while it runs (the lock); the nodes are a copy.
-            async with self.coord.state_lock:
-                d = await asyncio.to_thread(
-                    reconcile,
-                    self.state,
-                    dict(self.coord.cluster.nodes),
-                    now,
-                    self.coord.config.placement,
-                )
+            # On the loop, bounded by the placement config's per-round budget and window.
+            # (A worker thread was tried: its GIL contention starved the loop worse, and a
+            # round still running after a step-down races the next leader's state.)
+            d = reconcile(self.state, self.coord.cluster.nodes, now, self.coord.config.placement)
             self.unplaced = d.unplaced
             if d.kills:
                 await self._send_kills(d.kills)
