@@ -462,9 +462,8 @@ class Api:
         capacity = Resources()
         for v in c.cluster.ready():
             capacity = capacity + v.state.capacity
-        async with c.state_lock:  # pool_view keeps a cache in the state (see leader)
-            view = pool_view(c.state, capacity, c.state.pending_jobs(), time.time())
-            return pool_rows(c.state, view)
+        view = pool_view(c.state, capacity, c.state.pending_jobs(), time.time())
+        return pool_rows(c.state, view)
 
     async def pool_list(self, data: bytes) -> bytes:
         return ok(pools=await self._pool_rows())

@@ -42,19 +42,10 @@ class Unavailable(Exception):
 class LogFollower:
     """Applies every entry of the log to `state`, in order, from the start."""
 
-    def __init__(
-        self,
-        js: JetStreamContext,
-        region: str,
-        state: RegionState,
-        lock: asyncio.Lock | None = None,
-    ) -> None:
+    def __init__(self, js: JetStreamContext, region: str, state: RegionState) -> None:
         self.js = js
         self.region = region
         self.state = state
-        # Held while the state is read off the event loop (the leader's reconcile runs
-        # in a thread): entries are applied only while no one holds it.
-        self.lock = lock or asyncio.Lock()
         self.bad_entries = 0
         self._sub = None
         self._applied = asyncio.Event()
@@ -85,8 +76,7 @@ class LogFollower:
             log.error("job log entry %d undecodable, skipped: %s", seq, exc)
             self.state.last_seq = max(self.state.last_seq, seq)
             return
-        async with self.lock:
-            self.state.apply(seq, entry)
+        self.state.apply(seq, entry)
         self._applied.set()
 
     async def catch_up(self, timeout: float = 10.0) -> None:
@@ -115,7 +105,6 @@ class LogWriter:
         term: int,
         leader_id: str,
         on_fenced: Callable[[], Awaitable[None]],
-        lock: asyncio.Lock | None = None,
     ) -> None:
         self.js = js
         self.region = region
@@ -123,7 +112,6 @@ class LogWriter:
         self.term = term
         self.leader_id = leader_id
         self.on_fenced = on_fenced
-        self.lock = lock or asyncio.Lock()  # see LogFollower.lock
         self._queue: asyncio.Queue[tuple[list[LogEvent], asyncio.Future[int]]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.fenced = False
@@ -204,8 +192,7 @@ class LogWriter:
             if exc.err_code == WRONG_LAST_SEQUENCE:
                 raise Fenced(f"log moved past {expected}: another leader wrote") from None
             raise
-        async with self.lock:
-            self.state.apply(ack.seq, entry)
+        self.state.apply(ack.seq, entry)
         self._last = ack.seq
         self.entries_written += 1
         return ack.seq

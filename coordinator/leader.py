@@ -60,7 +60,6 @@ class Leader:
             term,
             coord.candidate_id,
             on_fenced=self._fenced,
-            lock=coord.state_lock,
         )
         self.unplaced: dict[str, str] = {}
         self.bad_events = 0

@@ -50,9 +50,6 @@ class Coordinator:
         self.region = subjects.token(config.region, "region")
         self.candidate_id = subjects.token(config.candidate_id, "candidate id")
         self.state = RegionState()
-        # Whoever reads the state off the event loop holds this; the log is applied
-        # under it (see Leader.reconcile_once).
-        self.state_lock = asyncio.Lock()
         self.cluster = ClusterView(self.region, config.suspect_after, config.down_after)
         self.leader: Leader | None = None
         self.api = Api(self)
@@ -73,7 +70,7 @@ class Coordinator:
         )
         self.js = self.nc.jetstream(timeout=5.0)
         await ensure_streams(self.js, self.region, c.replicas)
-        self.follower = LogFollower(self.js, self.region, self.state, self.state_lock)
+        self.follower = LogFollower(self.js, self.region, self.state)
         await self.follower.start()
         await self.follower.catch_up(timeout=30.0)
         self._state_sub = await self.nc.subscribe(
