@@ -286,7 +286,8 @@ def _resolve_command(argv0: str, path: str, cwd: Path) -> str:
     search = os.pathsep.join(p for p in path.split(os.pathsep) if p.startswith("/"))
     found = shutil.which(argv0, path=search) if search else None
     if found is None:
-        raise ExecError(f"command not found: {argv0!r} (PATH={path})")
+        # Not the PATH itself: it may come from the job's env, which is never echoed.
+        raise ExecError(f"command not found in the task's PATH: {argv0!r}")
     return found
 
 
