@@ -69,6 +69,7 @@ class Leader:
         self._over_counts: dict[str, int] = {}
         self._last_preempt = 0.0
         self._unsent: dict[tuple[str, int], TaskRecord] = {}
+        self._sending: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Catch up with the log, then claim it with a fenced LeaderElected entry."""
@@ -83,10 +84,20 @@ class Leader:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._sending]:
             await cancel_and_wait(task)
         self._tasks = []
         await self.writer.stop()
+
+    def _publish_in_background(self, tasks: list[TaskRecord]) -> None:
+        """Send a round's assignments without waiting for their acknowledgements, so the
+        next round is placed while the stream stores these (a large region's stream can
+        take seconds to acknowledge thousands). What is not acknowledged goes to
+        `_unsent` and is sent again; publish_async's own limit on messages in flight is
+        the back-pressure."""
+        task = asyncio.create_task(self._publish_runs(tasks), name="leader-assign")
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     def wake(self) -> None:
         self._wake.set()
@@ -141,7 +152,7 @@ class Leader:
             await self.writer.append(d.events)
             placed = [ev for ev in d.events if isinstance(ev, TaskPlaced)]
             if placed:
-                await self._publish_runs([self.state.tasks[ev.task_id] for ev in placed])
+                self._publish_in_background([self.state.tasks[ev.task_id] for ev in placed])
 
     # ------------------------------------------------------------ assignments
 

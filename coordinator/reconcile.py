@@ -45,6 +45,7 @@ def reconcile(
 ) -> Decisions:
     d = Decisions()
     _lose_tasks_on_down_nodes(state, nodes, now, d)
+    _lose_tasks_a_node_forgot(state, nodes, now, d)
     _requeue_or_settle(state, now, d)
     _kill_requested_jobs(state, now, d)
     _kill_stale_copies(state, nodes, d)
@@ -109,6 +110,59 @@ def _lose_tasks_on_down_nodes(
                     message=f"lost: node {node_id} stopped heartbeating",
                 )
             )
+
+
+FORGOTTEN_AFTER_S = 10.0  # missing from a node's heartbeats this long (its clock): LOST
+
+
+def _lose_tasks_a_node_forgot(
+    state: RegionState, nodes: dict[str, NodeView], now: float, d: Decisions
+) -> None:
+    """A RUNNING task its node's heartbeats have stopped listing for FORGOTTEN_AFTER_S is
+    LOST: the agent restarted without it (a corrupt store, a hollow fleet restarted inside
+    the down deadline) and nobody would ever report its end. A task that just ended also
+    drops off the list before its last event is logged, hence the wait: that event comes
+    well within it. Times are the agent's own clock (heartbeat and task events alike)."""
+    checked: dict[str, int] = state.memo.setdefault("forgot_checked", {})
+    missing: dict[tuple[str, int], float] = state.memo.setdefault("forgot_missing", {})
+    for key in [k for k in missing if _not_running(state, k)]:
+        del missing[key]
+    for node_id, held in state.node_tasks.items():
+        view = nodes.get(node_id)
+        if view is None or view.status != READY or view.state.seq == 0:
+            continue
+        if checked.get(node_id) == view.state.seq:
+            continue  # this heartbeat was looked at already
+        checked[node_id] = view.state.seq
+        live = view.live_tasks
+        for tid in sorted(held):
+            t = state.tasks[tid]
+            if t.state != TaskState.RUNNING or t.started_at is None:
+                continue
+            key = (tid, t.attempt)
+            if f"{tid}#{t.attempt}" in live or view.state.ts <= t.started_at:
+                missing.pop(key, None)
+                continue
+            since = missing.setdefault(key, view.state.ts)
+            if view.state.ts - since >= FORGOTTEN_AFTER_S:
+                del missing[key]
+                d.events.append(
+                    TaskUpdated(
+                        t.job_id,
+                        tid,
+                        t.attempt,
+                        TaskState.LOST,
+                        node_id,
+                        now,
+                        message=f"lost: node {node_id} has not reported it for "
+                        f"{FORGOTTEN_AFTER_S:.0f}s (its agent restarted without it)",
+                    )
+                )
+
+
+def _not_running(state: RegionState, key: tuple[str, int]) -> bool:
+    t = state.tasks.get(key[0])
+    return t is None or t.attempt != key[1] or t.state != TaskState.RUNNING
 
 
 def _requeue_or_settle(state: RegionState, now: float, d: Decisions) -> None:

@@ -3,6 +3,7 @@ real log events (RegionState.apply) and hand-made node views."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from coordinator.cluster import DOWN, READY, SUSPECT, NodeView
-from coordinator.reconcile import Decisions, Kill, agent_event, reconcile
+from coordinator.reconcile import FORGOTTEN_AFTER_S, Decisions, Kill, agent_event, reconcile
 from coordinator.state import HOLDING, RegionState
 from mesh.schema import (
     JobKillRequested,
@@ -651,8 +652,38 @@ def test_agent_events_become_log_updates_preemptions_or_stale_kills():
     assert killed.state == S.PREEMPTED and killed.message == "preempted: for /a"
     # The same attempt reported running from another node: a stale copy to kill there.
     stale = agent_event(log.state, TaskEvent("b", "j", "j.w.0", 1, S.RUNNING, 5.0))
-    assert stale == Kill("b", "j", "j.w.0", 1,
-                         "stale copy: this attempt is no longer assigned to this node")
+    assert stale == Kill(
+        "b", "j", "j.w.0", 1, "stale copy: this attempt is no longer assigned to this node"
+    )
     # An ended stale copy, or an unknown task: nothing to do.
     assert agent_event(log.state, TaskEvent("b", "j", "j.w.0", 1, S.FAILED, 5.0)) is None
     assert agent_event(log.state, TaskEvent("a", "x", "x.w.0", 1, S.RUNNING, 5.0)) is None
+
+
+def beat(node_id: str, seq: int, ts: float, tasks: tuple[str, ...] = ()) -> NodeView:
+    """A heartbeat with its own sequence and (agent-clock) time."""
+    v = view(node_id, tasks=tasks)
+    v.state = dataclasses.replace(v.state, seq=seq, ts=ts)
+    return v
+
+
+def test_a_running_task_its_node_stopped_listing_is_lost_after_a_while():
+    log = Log()
+    log.submit("j", count=1)
+    log.run("j.w.0", "n1")  # RUNNING since ts 3.0 (the agent's clock)
+    assert updates(log.step(cluster(beat("n1", 2, 4.0, ("j.w.0#1",))))) == []
+    # The agent restarted without it: missing, but not yet for FORGOTTEN_AFTER_S.
+    assert updates(log.step(cluster(beat("n1", 3, 5.0)))) == []
+    assert updates(log.step(cluster(beat("n1", 4, 5.0 + FORGOTTEN_AFTER_S - 0.1)))) == []
+    d = log.step(cluster(beat("n1", 5, 5.0 + FORGOTTEN_AFTER_S)))
+    assert updates(d) == [("j.w.0", S.LOST)]
+    assert "no longer" in d.events[0].message or "has not reported" in d.events[0].message
+
+
+def test_a_task_listed_again_in_time_is_not_lost():
+    log = Log()
+    log.submit("j", count=1)
+    log.run("j.w.0", "n1")
+    log.step(cluster(beat("n1", 2, 5.0)))  # missing once (e.g. it just ended)
+    log.step(cluster(beat("n1", 3, 6.0, ("j.w.0#1",))))  # listed again: forgotten no more
+    assert updates(log.step(cluster(beat("n1", 4, 6.0 + FORGOTTEN_AFTER_S)))) == []
