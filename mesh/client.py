@@ -168,9 +168,12 @@ class MeshClient:
         return reply
 
 
+MAX_REPLY = 8 * 1024 * 1024  # the embedded server's max_payload: a 5,000-node list is ~2.4 MB
+
+
 def _reply(data: bytes) -> dict:
     try:
-        reply = unpack(data)
+        reply = unpack(data, max_size=MAX_REPLY)
     except WireError as exc:
         raise ApiError(ErrorCode.INTERNAL, f"undecodable reply: {exc}") from None
     if not isinstance(reply, dict):
