@@ -186,12 +186,21 @@ class LogCount:
 class Region:
     """nats-server, a coordinator process and (when asked) a hollow fleet process."""
 
-    def __init__(self, work: Path, nodes: int, seed: int, lease_ttl: float = 2.0) -> None:
+    def __init__(
+        self,
+        work: Path,
+        nodes: int,
+        seed: int,
+        lease_ttl: float = 2.0,
+        sync_interval: str | None = "always",
+    ) -> None:
         self.lease_ttl = str(lease_ttl)
         self.work = work
         self.nodes = nodes
         self.seed = seed
-        self.server = EmbeddedServer(ServerConfig(store_dir=str(work / "nats")))
+        self.server = EmbeddedServer(
+            ServerConfig(store_dir=str(work / "nats"), sync_interval=sync_interval)
+        )
         self.procs = []
         self.count = LogCount()
 
@@ -269,7 +278,7 @@ class Region:
 
 
 async def durable(args: argparse.Namespace, work: Path) -> dict:
-    region = Region(work / "durable", args.nodes, args.seed, args.lease_ttl)
+    region = Region(work / "durable", args.nodes, args.seed, args.lease_ttl, args.sync)
     try:
         await region.start(fleet=False)
         specs = [
@@ -317,7 +326,7 @@ async def durable(args: argparse.Namespace, work: Path) -> dict:
 
 
 async def e2e_and_latency(args: argparse.Namespace, work: Path) -> tuple[dict, dict]:
-    region = Region(work / "e2e", args.nodes, args.seed, args.lease_ttl)
+    region = Region(work / "e2e", args.nodes, args.seed, args.lease_ttl, args.sync)
     try:
         await region.start()
         cfg = WorkloadConfig(
@@ -511,6 +520,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
         "lease_ttl_s": args.lease_ttl,
+        "sync_interval": args.sync or "server default (2m)",
     }
     if "core" in args.phases:
         out["core"] = core(args)
@@ -544,6 +554,12 @@ def main(argv: list[str]) -> dict:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--sync",
+        default="always",
+        help="nats-server JetStream sync_interval ('always': fsync before each ack, the "
+        "region default; 'default': the server's own 2 min)",
+    )
+    p.add_argument(
         "--lease-ttl",
         type=float,
         default=2.0,
@@ -557,6 +573,7 @@ def main(argv: list[str]) -> dict:
     if args.quick:
         args.nodes, args.backlog, args.e2e, args.latency_s = 500, 5000, 5000, 5.0
     args.phases = set(args.phases.split(","))
+    args.sync = None if args.sync == "default" else args.sync
     return with_state_dir(
         args.state_dir, "mesh-bench-placement-", lambda work: asyncio.run(run(args, work))
     )

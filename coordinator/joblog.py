@@ -173,11 +173,16 @@ class LogWriter:
         # Fence locally first. The follower keeps applying entries while we write, so
         # `state.last_seq` alone is no fence: once it has applied a newer leader's
         # entries, an append expecting it would land, in a deposed term, after the new
-        # leader's LeaderElected. A higher term seen, or any entry we did not write since
-        # our last append, means another writer leads now.
+        # leader's LeaderElected. A higher term seen, or a newer entry by another writer,
+        # means another writer leads now. (A newer entry of ours is fine: an append whose
+        # acknowledgement timed out may still have landed.)
         if self.state.term > self.term:
             raise Fenced(f"term {self.state.term} was elected after ours ({self.term})")
-        if self._last is not None and self.state.last_seq != self._last:
+        if (
+            self._last is not None
+            and self.state.last_seq != self._last
+            and self.state.last_writer != (self.term, self.leader_id)
+        ):
             raise Fenced(f"log moved from {self._last} to {self.state.last_seq}: another writer")
         expected = self.state.last_seq
         try:

@@ -142,6 +142,7 @@ class RegionState:
 
     def __init__(self) -> None:
         self.last_seq = 0
+        self.last_writer: tuple[int, str] = (0, "")  # (term, leader) of the last entry
         self.term = 0
         self.leader_id = ""
         self.jobs: dict[str, JobRecord] = {}
@@ -171,6 +172,7 @@ class RegionState:
         if seq <= self.last_seq:
             return False
         self.last_seq = seq
+        self.last_writer = (entry.term, entry.leader_id)
         if entry.term < self.term:
             # A deposed leader's write cannot land (appends are fenced), but a log is
             # replayed by code that must not trust that: ignore it.

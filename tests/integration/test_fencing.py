@@ -27,9 +27,16 @@ from coordinator.joblog import Fenced, LogWriter
 from coordinator.state import RegionState
 from mesh import subjects
 from mesh.client import MeshClient
-from mesh.codec import decode
+from mesh.codec import decode, encode
 from mesh.connect import close_quietly, connect
-from mesh.schema import ApiError, LeaderElected, LogEntry, TaskPlaced, TaskUpdated
+from mesh.schema import (
+    ApiError,
+    JobKillRequested,
+    LeaderElected,
+    LogEntry,
+    TaskPlaced,
+    TaskUpdated,
+)
 from mesh.streams import ensure_streams
 
 from .conftest import eventually
@@ -177,3 +184,22 @@ def _replayed(log) -> RegionState:
 
 async def _noop() -> None:
     return None
+
+
+async def test_an_own_append_that_landed_after_a_timeout_does_not_fence_the_writer(nc):
+    """An append whose acknowledgement was lost may still land; the follower then applies
+    it. The log moved past the writer's last append, but by the writer itself: it must go
+    on writing, not step down."""
+    js = nc.jetstream()
+    await ensure_streams(js, REGION)
+    state = RegionState()
+    w = LogWriter(js, REGION, state, 1, "me", _noop)
+    w.start()
+    await w.append([LeaderElected(1, "me", time.time())])
+    # What a timed-out append of ours leaves: on the log, applied by the follower.
+    ghost = LogEntry(term=1, leader_id="me", events=(JobKillRequested("x", 0.0, "r"),))
+    ack = await js.publish(subjects.job_log(REGION), encode(ghost))
+    state.apply(ack.seq, ghost)
+    seq = await w.append([JobKillRequested("y", 0.0, "r")])
+    assert seq == ack.seq + 1 and not w.fenced
+    await w.stop()
