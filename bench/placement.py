@@ -414,9 +414,19 @@ async def steady_latency(args: argparse.Namespace, region: Region) -> dict:
 # ---------------------------------------------------------------- 5. ray
 
 
-def ray_gang_shapes(count: int, seed: int) -> list[list[int]]:
+def ray_gang_shapes(count: int, seed: int, capacity: int) -> list[list[int]]:
+    """Up to `count` gangs of 2-8 bundles of 1-2 CPUs, stopping at 3/4 of the region's
+    CPUs: Ray waits forever for a gang that does not fit, so both sides must fit all."""
     rng = random.Random(seed)
-    return [[rng.choice((1, 2))] * rng.choice((2, 4, 8)) for _ in range(count)]
+    gangs: list[list[int]] = []
+    used = 0
+    while len(gangs) < count:
+        gang = [rng.choice((1, 2))] * rng.choice((2, 4, 8))
+        if used + sum(gang) > capacity * 3 // 4:
+            break
+        gangs.append(gang)
+        used += sum(gang)
+    return gangs
 
 
 async def ours_gangs(args: argparse.Namespace, work: Path, gangs: list[list[int]]) -> dict:
@@ -498,7 +508,7 @@ async def ray_side_by_side(args: argparse.Namespace, work: Path) -> dict:
         from bench.placement_ray import ray_gangs
     except ImportError as exc:
         return {"skipped": f"bench.placement_ray unavailable: {exc}"}
-    gangs = ray_gang_shapes(args.ray_gangs, args.seed)
+    gangs = ray_gang_shapes(args.ray_gangs, args.seed, args.ray_nodes * args.ray_cpus)
     ours = await ours_gangs(args, work, gangs)
     ray = await asyncio.to_thread(ray_gangs, args.ray_nodes, args.ray_cpus, gangs, "PACK", "batch")
     print(
