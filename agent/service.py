@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import socket
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,7 @@ class Agent:
         # Assignment signatures: with a key, nothing unverified is acted on (see mesh.signing).
         self.verify_key = load_verify_key(config.verify_key) if config.verify_key else None
         self.refused = 0  # assignments refused by verification, shown in the heartbeat note
+        self.storage_error = ""  # the last task store write that failed, until one works
         self.last_refused = ""
         self._tasks: list[asyncio.Task[None]] = []
         self._monitors: set[asyncio.Task[None]] = set()
@@ -257,7 +259,19 @@ class Agent:
             parts.append("refuses tasks: agent is root and has no --run-as (or --allow-root)")
         if self.refused:
             parts.append(f"refused {self.refused} assignments; last: {self.last_refused}")
+        if self.storage_error:
+            parts.append(f"task store not writable: {self.storage_error}")
         return "; ".join(parts)[:1024]
+
+    def _stored(self, exc: BaseException | None) -> None:
+        """Track whether the task store takes writes (a full disk): shown in the node's
+        note, cleared by the next write that works."""
+        if exc is None:
+            self.storage_error = ""
+            return
+        if not self.storage_error:
+            log.error("task store write failed: %s", exc)
+        self.storage_error = str(exc)[:200] or type(exc).__name__
 
     async def _on_assignment(self, a: Assignment) -> None:
         if self.verify_key is not None:
@@ -277,7 +291,18 @@ class Agent:
             assignment=encode(a),
             updated=time.time(),
         )
-        if not await self.store.insert_if_new(rec):
+        try:
+            fresh = await self.store.insert_if_new(rec)
+        except (sqlite3.Error, OSError) as exc:
+            # Not recorded, so not started (a task runs only once it is on disk): the
+            # attempt fails here, and the coordinator places it again, maybe elsewhere.
+            self._stored(exc)
+            await self._report_only(
+                rec, "FAILED", f"not started: this node cannot record it ({exc})"
+            )
+            return
+        self._stored(None)
+        if not fresh:
             return  # redelivered: we already have it, and never start a task twice
         await self._launch(rec, a)
 
@@ -339,14 +364,17 @@ class Agent:
             await self._finish(rec, "FAILED", message=f"could not start: {exc}")
             return
         rec.pid, rec.start_time, rec.state = handle.pid, handle.start_time, "RUNNING"
-        await self.store.update(
-            a.task_id,
-            a.attempt,
-            pid=handle.pid,
-            start_time=handle.start_time,
-            state="RUNNING",
-            updated=time.time(),
-        )
+        try:
+            await self.store.update(
+                a.task_id,
+                a.attempt,
+                pid=handle.pid,
+                start_time=handle.start_time,
+                state="RUNNING",
+                updated=time.time(),
+            )
+        except (sqlite3.Error, OSError) as exc:
+            self._stored(exc)  # it runs and is watched; only a restart would forget it
         await starting
         await self._report(rec, self._event(rec, "RUNNING"))
         self._monitor(rec, handle, grant)
@@ -473,10 +501,18 @@ class Agent:
         log_tail: str = "",
     ) -> None:
         rec.state, rec.exit_code = state, exit_code
-        await self.store.update(
-            rec.task_id, rec.attempt, state=state, exit_code=exit_code, updated=time.time()
-        )
+        try:
+            await self.store.update(
+                rec.task_id, rec.attempt, state=state, exit_code=exit_code, updated=time.time()
+            )
+            self._stored(None)
+        except (sqlite3.Error, OSError) as exc:
+            self._stored(exc)  # the outcome still goes to the coordinator, just not to disk
         await self._report(rec, self._event(rec, state, exit_code, signal, message, log_tail))
+
+    async def _report_only(self, rec: TaskRecord, state: str, message: str) -> None:
+        rec.state = state
+        await self._report(rec, self._event(rec, state, None, None, message, ""))
 
     async def _report(self, rec: TaskRecord, ev: TaskEvent) -> None:
         try:
@@ -484,7 +520,10 @@ class Agent:
         except Exception as exc:
             log.info("event %s/%s not sent yet: %s", rec.task_id, ev.state, exc)
             return  # the reporter loop resends from the store
-        await self.store.update(rec.task_id, rec.attempt, reported=str(ev.state))
+        try:
+            await self.store.update(rec.task_id, rec.attempt, reported=str(ev.state))
+        except (sqlite3.Error, OSError) as exc:
+            self._stored(exc)  # sent; at worst the reporter sends it again (deduplicated)
 
     async def _report_loop(self) -> None:
         """Resend what the store says is still owed (a crash, or NATS away)."""

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -16,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from agent.service import Agent, AgentConfig
 from coordinator.service import Coordinator, CoordinatorConfig
 from mesh import subjects
 from mesh.client import MeshClient
@@ -318,3 +320,67 @@ async def test_agent_store_corrupted_while_stopped_reports_and_keeps_track(regio
             "known gap (reported): the attempt-1 process the agent lost with its store ran "
             "on, unmanaged, until it ended; nothing on the node finds and stops it"
         )
+
+
+async def test_agent_disk_full_reports_and_recovers(region, tmp_path):
+    """The agent's data dir on a 4 MiB tmpfs. A task fills it: the task fails and is
+    reported; the next one cannot be recorded, so it is not started, and is reported as
+    such, and the node says why; once space is freed, tasks run again and the note
+    clears. Nothing is left RUNNING that is not."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        await region.coordinator()
+        agent = Agent(
+            AgentConfig(
+                region.url,
+                node_id="full",
+                data_dir=str(mnt / "agent"),
+                allow_root=True,
+                heartbeat_s=0.3,
+            )
+        )
+        await agent.start()
+        region.agents.append(agent)
+        await region.ready(1)
+
+        def job(name, cmd):
+            return {"name": name, "tasks": [{"role": "m", "command": cmd}]}
+
+        filler = await region.client.submit(job("fill", "head -c 8000000 /dev/zero"))
+        done = await region.client.wait(filler, timeout=30)
+        assert done["state"] == "FAILED" and done["task_list"][0]["exit_code"] != 0, done
+        blocked = await region.client.wait(
+            await region.client.submit(job("blocked", "echo hi")), timeout=30
+        )
+        assert blocked["state"] == "FAILED"
+        assert "cannot record it" in blocked["task_list"][0]["message"]
+
+        async def note():
+            n = (await region.client.node("full"))["note"]
+            return n if "task store not writable" in n else None
+
+        assert "full" in await eventually(note)
+        for f in (mnt / "agent").rglob("*"):  # the operator frees space
+            if f.is_file() and f.stat().st_size > 1_000_000:
+                f.unlink()
+        ok = await region.client.wait(
+            await region.client.submit(job("after", "echo hi")), timeout=30
+        )
+        assert ok["state"] == "SUCCEEDED", ok["task_list"]
+        await eventually(lambda: _note_cleared(region))
+        assert not agent.handles  # nothing it thinks is running
+    finally:
+        await region.close()
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+async def _note_cleared(region) -> bool:
+    return "task store" not in (await region.client.node("full"))["note"]
