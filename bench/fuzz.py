@@ -59,7 +59,7 @@ from mesh.schema import (
     TaskSpec,
 )
 from workloads.quantity import SpecError
-from workloads.spec import MAX_SOURCE_BYTES, parse_job_spec
+from workloads.spec import JOB_FIELDS, MAX_SOURCE_BYTES, parse_job_spec
 
 REGION = "fuzz"
 
@@ -98,45 +98,7 @@ pools:
   /batch: {}
 """
 
-_SPEC_FIELDS = [
-    "name",
-    "pool",
-    "priority",
-    "preemptible",
-    "min_tasks",
-    "max_run_time",
-    "restart",
-    "labels",
-    "placement",
-    "tasks",
-    "role",
-    "count",
-    "command",
-    "env",
-    "workdir",
-    "resources",
-    "simulate",
-    "cpu",
-    "memory",
-    "disk",
-    "gpu",
-    "gpu_memory",
-    "duration",
-    "exit_code",
-    "max_retries",
-    "strategy",
-    "spread_by",
-    "gang",
-    "pools",
-    "type",
-    "share",
-    "description",
-    "reservation",
-    "limit",
-    "/",
-    "/ml",
-    "/ml/vision",
-]
+_SPEC_FIELDS = list(JOB_FIELDS)  # the fields a job spec may have
 
 
 def _samples() -> dict[type, list[Any]]:

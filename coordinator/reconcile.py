@@ -98,18 +98,7 @@ def _lose_tasks_on_down_nodes(
         if view is None or view.status != DOWN:
             continue  # the shell seeds nodes it never heard from, so silence still ends in DOWN
         for tid in sorted(held):
-            t = state.tasks[tid]
-            d.events.append(
-                TaskUpdated(
-                    t.job_id,
-                    tid,
-                    t.attempt,
-                    TaskState.LOST,
-                    node_id,
-                    now,
-                    message=f"lost: node {node_id} stopped heartbeating",
-                )
-            )
+            d.events.append(_lost(state, tid, node_id, now, "stopped heartbeating"))
 
 
 FORGOTTEN_AFTER_S = 10.0  # missing from a node's heartbeats this long (its clock): LOST
@@ -146,18 +135,21 @@ def _lose_tasks_a_node_forgot(
             since = missing.setdefault(key, view.state.ts)
             if view.state.ts - since >= FORGOTTEN_AFTER_S:
                 del missing[key]
-                d.events.append(
-                    TaskUpdated(
-                        t.job_id,
-                        tid,
-                        t.attempt,
-                        TaskState.LOST,
-                        node_id,
-                        now,
-                        message=f"lost: node {node_id} has not reported it for "
-                        f"{FORGOTTEN_AFTER_S:.0f}s (its agent restarted without it)",
-                    )
-                )
+                why = f"has not reported it for {FORGOTTEN_AFTER_S:.0f}s (restarted without it?)"
+                d.events.append(_lost(state, tid, node_id, now, why))
+
+
+def _lost(state: RegionState, tid: str, node_id: str, now: float, why: str) -> TaskUpdated:
+    t = state.tasks[tid]
+    return TaskUpdated(
+        t.job_id,
+        tid,
+        t.attempt,
+        TaskState.LOST,
+        node_id,
+        now,
+        message=f"lost: node {node_id} {why}",
+    )
 
 
 def _not_running(state: RegionState, key: tuple[str, int]) -> bool:

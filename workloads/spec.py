@@ -53,6 +53,7 @@ __all__ = [
     "MAX_WORKDIR_LEN",
     "MAX_YAML_NODES",
     "GPU_ISOLATION",
+    "JOB_FIELDS",
     "JobSpec",
     "PlacementPolicy",
     "RestartPolicy",
@@ -96,7 +97,7 @@ _POOL_SEGMENT_RE = re.compile(r"[a-z0-9_-]{1,32}")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LABEL_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./-]*")
 
-_JOB_FIELDS = (
+JOB_FIELDS = (  # the top-level fields of a job spec
     "name",
     "pool",
     "priority",
@@ -457,7 +458,7 @@ def _no_nul(text: str, field: str) -> str:
 def _job(data: object) -> JobSpec:
     if data is None:
         raise SpecError("", "the spec is empty")
-    f = _fields(data, "", _JOB_FIELDS)
+    f = _fields(data, "", JOB_FIELDS)
     name = _name(f.get("name"))
     pool = _pool(f.get("pool", "/"))
     priority = _int(f.get("priority", 0), "priority", 0, MAX_PRIORITY, "MAX_PRIORITY")
