@@ -583,7 +583,7 @@ class HollowFleet:
         )
         try:
             self.js = self.nc.jetstream(timeout=10.0)
-            await ensure_streams(self.js, self.region)
+            await ensure_streams(self.js, self.region, agent=True)
             self.events = EventPublisher(self.js, self.region)
             self.events.start()
             self.feed = FleetFeed(

@@ -138,7 +138,7 @@ class Agent:
             self.config.nats_url, name=f"agent:{self.node_id}", tls=self.config.tls
         )
         self.js = self.nc.jetstream(timeout=5.0)
-        await ensure_streams(self.js, self.region)
+        await ensure_streams(self.js, self.region, agent=True)
         await self._readopt()
         if self.gpus.is_open:
             # It measures only GPUs that MIG or MPS do not cover, and idles when none is left,
@@ -325,7 +325,12 @@ class Agent:
             assignment=b"",
             updated=time.time(),
         )
-        if await self.store.insert_if_new(rec):  # else a replay of an attempt we had
+        try:
+            fresh = await self.store.insert_if_new(rec)  # else a replay of an attempt we had
+        except (sqlite3.Error, OSError) as err:
+            self._stored(err)
+            fresh = True  # not on disk, but its attempt must still be failed and retried
+        if fresh:
             await self._finish(rec, "FAILED", message=f"refused: {exc}")
 
     async def _launch(self, rec: TaskRecord, a: Assignment) -> None:

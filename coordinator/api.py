@@ -457,7 +457,7 @@ class Api:
         leader.wake()
         return ok(pools=list(tree.order))
 
-    async def _pool_rows(self) -> list[dict]:
+    def _pool_rows(self) -> list[dict]:
         c = self.coord
         capacity = Resources()
         for v in c.cluster.ready():
@@ -466,13 +466,13 @@ class Api:
         return pool_rows(c.state, view)
 
     async def pool_list(self, data: bytes) -> bytes:
-        return ok(pools=await self._pool_rows())
+        return ok(pools=self._pool_rows())
 
     async def pool_get(self, data: bytes) -> bytes:
         req = _decode(PoolRef, data)
         if req.path not in self.coord.state.pools:
             raise ApiError(ErrorCode.NOT_FOUND, f"no pool {req.path!r}")
-        row = next(r for r in await self._pool_rows() if r["path"] == req.path)
+        row = next(r for r in self._pool_rows() if r["path"] == req.path)
         jobs: dict[str, int] = {}
         for job in self.coord.state.jobs.values():
             if job.spec.pool == req.path:

@@ -115,8 +115,6 @@ class LogWriter:
         self._queue: asyncio.Queue[tuple[list[LogEvent], asyncio.Future[int]]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.fenced = False
-        self.entries_written = 0
-        self._last: int | None = None  # the sequence of our last append
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="log-writer")
@@ -173,17 +171,11 @@ class LogWriter:
         # Fence locally first. The follower keeps applying entries while we write, so
         # `state.last_seq` alone is no fence: once it has applied a newer leader's
         # entries, an append expecting it would land, in a deposed term, after the new
-        # leader's LeaderElected. A higher term seen, or a newer entry by another writer,
-        # means another writer leads now. (A newer entry of ours is fine: an append whose
-        # acknowledgement timed out may still have landed.)
+        # leader's LeaderElected. Every leader's first entry is its LeaderElected, so any
+        # entry of another writer raises the term the follower has seen. (A newer entry
+        # of our own is fine: an append whose acknowledgement timed out may have landed.)
         if self.state.term > self.term:
             raise Fenced(f"term {self.state.term} was elected after ours ({self.term})")
-        if (
-            self._last is not None
-            and self.state.last_seq != self._last
-            and self.state.last_writer != (self.term, self.leader_id)
-        ):
-            raise Fenced(f"log moved from {self._last} to {self.state.last_seq}: another writer")
         expected = self.state.last_seq
         try:
             ack = await self.js.publish(
@@ -198,6 +190,4 @@ class LogWriter:
                 raise Fenced(f"log moved past {expected}: another leader wrote") from None
             raise
         self.state.apply(ack.seq, entry)
-        self._last = ack.seq
-        self.entries_written += 1
         return ack.seq

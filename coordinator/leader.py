@@ -132,13 +132,11 @@ class Leader:
 
     async def reconcile_once(self) -> None:
         if self._unsent:
-            await self._resend_unsent()
+            self._resend_unsent()
         for _ in range(MAX_ROUNDS):
             self.coord.cluster.sweep(time.monotonic())
             now = time.time()
-            # On the loop, bounded by the placement config's per-round budget and window.
-            # (A worker thread was tried: its GIL contention starved the loop worse, and a
-            # round still running after a step-down races the next leader's state.)
+            # On the loop: the placement config's per-round budget and window bound it.
             d = reconcile(self.state, self.coord.cluster.nodes, now, self.coord.config.placement)
             self.unplaced = d.unplaced
             if d.kills:
@@ -188,15 +186,15 @@ class Leader:
 
     async def _publish_runs(self, tasks: list[TaskRecord]) -> None:
         items = [(self._run_assignment(t), f"run:{t.task_id}:{t.attempt}") for t in tasks]
+        keys = [(t.task_id, t.attempt) for t in tasks]  # before the await: attempts move on
         sent = await self._send(items)
-        for t, ok in zip(tasks, sent, strict=True):
-            key = (t.task_id, t.attempt)
+        for t, key, ok in zip(tasks, keys, sent, strict=True):
             if ok:
                 self._unsent.pop(key, None)
             else:
                 self._unsent[key] = t
 
-    async def _resend_unsent(self) -> None:
+    def _resend_unsent(self) -> None:
         """Placements whose assignment did not reach the stream: send them again while
         they are still this attempt's (a message id makes a repeat harmless)."""
         due = [
@@ -208,7 +206,7 @@ class Leader:
         ]
         self._unsent = {(t.task_id, t.attempt): t for t in due}
         if due:
-            await self._publish_runs(due)
+            self._publish_in_background(due)
 
     async def _republish_placed(self) -> None:
         """A previous leader may have logged a placement and died before sending it."""

@@ -50,21 +50,10 @@ def pool_view(
     state: RegionState, capacity: Resources, waiting: list[JobRecord], now: float
 ) -> PoolView:
     leaves = set(state.pools.leaves())
-    # A job's PendingJob changes only when its pending tasks do: keep it between rounds.
-    cache: dict[str, tuple[int, PendingJob]] = state.memo.setdefault("pending_jobs", {})
-    pending = []
-    for j in waiting:
-        hit = cache.get(j.job_id)
-        if hit is None or hit[0] != j.pending:
-            s = j.spec
-            hit = cache[j.job_id] = (
-                j.pending,
-                PendingJob(j.job_id, s.pool, j.pending_resources, s.priority, s.preemptible),
-            )
-        pending.append(hit[1])
-    if len(cache) > 2 * len(state.waiting) + 1024:
-        for job_id in [k for k in cache if k not in state.waiting]:
-            del cache[job_id]
+    pending = [
+        PendingJob(j.job_id, j.spec.pool, j.pending_resources, j.spec.priority, j.spec.preemptible)
+        for j in waiting
+    ]
     # Sums as int lists, not Resources: this loop visits every running task each round.
     held: dict[str, _Held] = {}
     alloc: dict[str, list[int]] = {}

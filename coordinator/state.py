@@ -23,7 +23,14 @@ from mesh.schema import (
     TaskPreemptRequested,
     TaskUpdated,
 )
-from workloads.lifecycle import ENDED, FINAL, JobState, TaskState, can_transition, job_state
+from workloads.lifecycle import (
+    ENDED,
+    FINAL,
+    JobState,
+    TaskState,
+    can_transition,
+    job_state_of_counts,
+)
 from workloads.quantity import SpecError
 from workloads.resources import Resources
 from workloads.spec import JobSpec, TaskGroup, parse_job_spec
@@ -103,10 +110,11 @@ class JobRecord:
     order: tuple[int, int] = (0, 0)  # queue order: higher priority first, then older
     pending_since: float = 0.0  # when its tasks last started waiting (starvation guard)
     counted_as: JobState | None = None  # the state `RegionState.job_counts` counts it in
+    counts: dict[TaskState, int] = field(default_factory=dict)  # tasks per state, by the fold
 
     @property
     def state(self) -> JobState:
-        return job_state(t.state for t in self.tasks.values())
+        return job_state_of_counts(self.counts)
 
     @property
     def finished_at(self) -> float | None:
@@ -142,7 +150,6 @@ class RegionState:
 
     def __init__(self) -> None:
         self.last_seq = 0
-        self.last_writer: tuple[int, str] = (0, "")  # (term, leader) of the last entry
         self.term = 0
         self.leader_id = ""
         self.jobs: dict[str, JobRecord] = {}
@@ -172,7 +179,6 @@ class RegionState:
         if seq <= self.last_seq:
             return False
         self.last_seq = seq
-        self.last_writer = (entry.term, entry.leader_id)
         if entry.term < self.term:
             # A deposed leader's write cannot land (appends are fenced), but a log is
             # replayed by code that must not trust that: ignore it.
@@ -232,6 +238,7 @@ class RegionState:
                 tasks[tid] = TaskRecord(tid, ev.job_id, group.role, i, group)
         job = JobRecord(ev.job_id, ev.client_id, spec, ev.ts, tasks, submit_seq=seq)
         job.pending = len(tasks)
+        job.counts = {TaskState.PENDING: len(tasks)}
         job.pending_resources = spec.total_resources
         job.order = (-spec.priority, seq)
         job.pending_since = ev.ts
@@ -247,7 +254,7 @@ class RegionState:
             self.ignored += 1
             return
         self._count_pending(task, -1, ev.ts)
-        task.state = TaskState.PLACED
+        self._move(task, TaskState.PLACED)
         task.attempt = ev.attempt
         task.node_id = ev.node_id
         task.gpu_uuids = ev.gpu_uuids
@@ -277,7 +284,7 @@ class RegionState:
             self._count_pending(task, -1, ev.ts)
         if ev.state == TaskState.PENDING:
             self._count_pending(task, +1, ev.ts)
-        task.state = ev.state
+        self._move(task, ev.state)
         if ev.state in UNSETTLED:
             self.unsettled.add(task.task_id)
         else:
@@ -313,6 +320,12 @@ class RegionState:
         if job.kill_requested:
             self._track_killing(job)
         self._recount(job)
+
+    def _move(self, task: TaskRecord, new: TaskState) -> None:
+        counts = self.jobs[task.job_id].counts
+        counts[task.state] -= 1
+        counts[new] = counts.get(new, 0) + 1
+        task.state = new
 
     def _recount(self, job: JobRecord) -> None:
         """Keep `job_counts` current, so a region-wide count costs nothing per request

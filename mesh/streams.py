@@ -54,13 +54,17 @@ def stream_configs(region: str, replicas: int = 1) -> list[StreamConfig]:
     ]
 
 
-async def ensure_streams(js: JetStreamContext, region: str, replicas: int = 1) -> None:
+async def ensure_streams(
+    js: JetStreamContext, region: str, replicas: int = 1, *, agent: bool = False
+) -> None:
     """Create the streams, or keep them as they are; only ever raise their replicas.
 
     Whoever starts first creates them: an agent (which asks for 1 replica) may come up
     before a coordinator configured for 3, so a stream found with fewer replicas than
     asked for is scaled up in place. Fewer are never asked of an existing stream."""
     for cfg in stream_configs(region, replicas):
+        if agent and cfg.name == subjects.log_stream(region):
+            continue  # the job log is the coordinator's: an agent may not create it
         try:
             await js.add_stream(cfg)
         except BadRequestError:

@@ -61,11 +61,14 @@ def _streams(region: str) -> list[str]:
 
 
 def _ensure_streams(region: str) -> list[str]:
-    """What `mesh.streams.ensure_streams` sends: create (a no-op, or refused, once the
-    coordinator made them) then info. Only these three names."""
+    """What `mesh.streams.ensure_streams(agent=True)` sends: create (a no-op, or refused,
+    once the coordinator made them) then info, for the assignment and event streams only.
+    The job log is the coordinator's: an agent that could create it first could give it
+    its own limits and retention."""
     out = []
     for s in _streams(region):
-        out += [f"{JS_API}.STREAM.CREATE.{s}", f"{JS_API}.STREAM.INFO.{s}"]
+        if s != subjects.log_stream(region):
+            out += [f"{JS_API}.STREAM.CREATE.{s}", f"{JS_API}.STREAM.INFO.{s}"]
     return out
 
 

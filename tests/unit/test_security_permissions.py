@@ -69,6 +69,7 @@ def test_agent_jetstream_is_its_own_consumer_only():
         f"$JS.API.STREAM.DELETE.{S}",
         f"$JS.API.STREAM.PURGE.{S}",
         "$JS.API.STREAM.CREATE.OTHER",
+        "$JS.API.STREAM.CREATE." + subjects.log_stream(R),  # the job log is the coordinator's
         f"$KV.{subjects.lease_bucket(R)}.{subjects.LEADER_KEY}",
         subjects.api(R, "job.submit"),
         subjects.api(R, "pool.apply"),

@@ -18,7 +18,7 @@ from mesh.schema import (
     TaskPlaced,
     TaskUpdated,
 )
-from workloads.lifecycle import FINAL, TRANSITIONS, JobState, TaskState
+from workloads.lifecycle import FINAL, TRANSITIONS, JobState, TaskState, job_state
 from workloads.resources import Resources
 
 S = TaskState
@@ -101,6 +101,11 @@ def check_indexes(state: RegionState) -> None:
             if t.state == S.PENDING:
                 asked = asked + t.resources
         assert job.pending_resources == asked, job.job_id
+        by_state: dict = {}
+        for t in job.tasks.values():
+            by_state[t.state] = by_state.get(t.state, 0) + 1
+        assert {k: v for k, v in job.counts.items() if v} == by_state, job.job_id
+        assert job.state == job_state(t.state for t in job.tasks.values()), job.job_id
     counts: dict[str, int] = {}
     for job in state.jobs.values():
         counts[str(job.state)] = counts.get(str(job.state), 0) + 1

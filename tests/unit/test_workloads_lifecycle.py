@@ -20,6 +20,7 @@ from workloads import (
     check_transition,
     job_state,
 )
+from workloads.lifecycle import job_state_of_counts
 
 T = TaskState
 
@@ -170,3 +171,12 @@ def test_job_state_rules(states):
         assert result is JobState.RUNNING
     # Order never matters.
     assert job_state(list(reversed(states))) is result
+
+
+@given(st.lists(st.sampled_from(list(TaskState)), max_size=12))
+def test_job_state_from_counts_is_job_state(states):
+    counts: dict[TaskState, int] = {}
+    for s in states:
+        counts[s] = counts.get(s, 0) + 1
+    counts[TaskState.RUNNING] = counts.get(TaskState.RUNNING, 0)  # a zero entry changes nothing
+    assert job_state_of_counts(counts) == job_state(states)
