@@ -162,17 +162,7 @@ def _requeue_or_settle(state: RegionState, now: float, d: Decisions) -> None:
     for tid in sorted(state.unsettled):
         t = state.tasks[tid]
         job = state.jobs[t.job_id]
-        nxt, why = None, ""
-        if t.state == TaskState.FAILED:
-            if not job.kill_requested and t.failures <= job.spec.restart.max_retries:
-                nxt = TaskState.PENDING
-                why = f"retry {t.failures} of {job.spec.restart.max_retries} after failure"
-        elif job.kill_requested:
-            nxt, why = TaskState.KILLED, job.kill_reason or "job killed"
-        elif t.state == TaskState.PREEMPTED:
-            nxt, why = TaskState.PENDING, "requeued after preemption"
-        elif job.spec.restart.reschedule_on_lost:
-            nxt, why = TaskState.PENDING, "rescheduling after node loss"
+        nxt, why = job.settles_to(t)
         if nxt is not None:
             d.events.append(TaskUpdated(job.job_id, tid, t.attempt, nxt, "", now, message=why))
 

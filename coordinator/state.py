@@ -29,6 +29,7 @@ from workloads.lifecycle import (
     JobState,
     TaskState,
     can_transition,
+    job_state,
     job_state_of_counts,
 )
 from workloads.quantity import SpecError
@@ -114,7 +115,33 @@ class JobRecord:
 
     @property
     def state(self) -> JobState:
-        return job_state_of_counts(self.counts)
+        if not any(self.counts.get(s) for s in UNSETTLED):
+            return job_state_of_counts(self.counts)
+        # An ended attempt that will run again keeps the job open: without this, a job
+        # whose task failed with retries left read FAILED until the requeue was logged.
+        return job_state(
+            TaskState.PENDING if self.settles_to(t)[0] == TaskState.PENDING else t.state
+            for t in self.tasks.values()
+        )
+
+    def settles_to(self, t: TaskRecord) -> tuple[TaskState | None, str]:
+        """Where a FAILED, LOST or PREEMPTED attempt goes next, and why: back to PENDING
+        (retry, requeue, reschedule), KILLED (the job is being killed), or None (it ends
+        as it is). One rule for the leader's decisions and the job's reported state."""
+        if t.state == TaskState.FAILED:
+            if not self.kill_requested and t.failures <= self.spec.restart.max_retries:
+                why = f"retry {t.failures} of {self.spec.restart.max_retries} after failure"
+                return TaskState.PENDING, why
+            return None, ""
+        if t.state not in UNSETTLED:
+            return None, ""
+        if self.kill_requested:
+            return TaskState.KILLED, self.kill_reason or "job killed"
+        if t.state == TaskState.PREEMPTED:
+            return TaskState.PENDING, "requeued after preemption"
+        if self.spec.restart.reschedule_on_lost:
+            return TaskState.PENDING, "rescheduling after node loss"
+        return None, ""
 
     @property
     def finished_at(self) -> float | None:
@@ -201,6 +228,7 @@ class RegionState:
                 job.kill_requested = True
                 job.kill_reason = ev.reason
                 self._track_killing(job)
+                self._recount(job)  # a failed task with retries left no longer reruns
         elif isinstance(ev, TaskPreemptRequested):
             task = self.tasks.get(ev.task_id)
             if task is not None and task.attempt == ev.attempt and task.state in HOLDING:

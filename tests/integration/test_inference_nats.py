@@ -135,7 +135,11 @@ async def test_impossible_deadlines_dropped_early_never_served_late(rig, nc):
         else:
             assert rep.error.code == DEADLINE
             assert took * 1e3 <= d + TOLERANCE_MS  # dropped early, at worst at its deadline
-    assert 0 < served < 150
+    assert served < 150  # past capacity: some are dropped
+    # On a loaded machine all 150 may be dropped early (correctly); serving itself is
+    # shown by a request whose deadline leaves room.
+    rep, _ = await ask(nc, "slow", input=inp, timeout_ms=5000.0)
+    assert rep.ok and rep.output == inp
 
 
 async def test_worker_killed_mid_batch_requests_redispatched_or_failed(rig, nc):
