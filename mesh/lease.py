@@ -28,6 +28,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from mesh.streams import raise_replicas
 from mesh.tasks import cancel_and_wait
 
 log = logging.getLogger("mesh.lease")
@@ -186,12 +187,9 @@ async def open_lease_bucket(
     except BucketNotFoundError:
         pass
     else:
-        # Created earlier with fewer replicas: raise them, or the lease lives on one
-        # server and the region has no leader while that server is down.
-        info = await js.stream_info(f"KV_{bucket}")
-        if (info.config.num_replicas or 1) < replicas:
-            info.config.num_replicas = replicas
-            await js.update_stream(info.config)
+        # Created earlier with fewer replicas: else the lease lives on one server and
+        # the region has no leader while that server is down.
+        await raise_replicas(js, f"KV_{bucket}", replicas)
         return kv
     try:
         return await js.create_key_value(bucket=bucket, ttl=ttl, history=1, replicas=replicas)

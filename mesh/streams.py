@@ -54,6 +54,15 @@ def stream_configs(region: str, replicas: int = 1) -> list[StreamConfig]:
     ]
 
 
+async def raise_replicas(js: JetStreamContext, stream: str, replicas: int) -> None:
+    """Scale an existing stream up to `replicas` in place; never down. A stream (or KV
+    bucket) made first with fewer would live on one server of the cluster."""
+    info = await js.stream_info(stream)
+    if (info.config.num_replicas or 1) < replicas:
+        info.config.num_replicas = replicas
+        await js.update_stream(info.config)
+
+
 async def ensure_streams(
     js: JetStreamContext, region: str, replicas: int = 1, *, agent: bool = False
 ) -> None:
@@ -70,7 +79,4 @@ async def ensure_streams(
         except BadRequestError:
             # Already there with a different config (e.g. created by an older version):
             # keep it rather than fail start-up; the subjects are what matter.
-            info = await js.stream_info(cfg.name)
-            if (info.config.num_replicas or 1) < replicas:
-                info.config.num_replicas = replicas
-                await js.update_stream(info.config)
+            await raise_replicas(js, cfg.name, replicas)

@@ -135,8 +135,9 @@ def _admit_pool(tree, pool, queue, ent_r, alloc_out, np_out, lookahead, waited, 
             blocked[job.job_id] = reason
             never.add(job.job_id)
             continue
+        over = [j for j in range(4) if need[j] and alloc[j] + need[j] > ent[j]]
         short = [f"{_k(j)} allocation {_f(j, alloc[j])} + job {_f(j, need[j])} > entitlement "
-                 f"{_f(j, ent[j])}" for j in range(4) if need[j] and alloc[j] + need[j] > ent[j]]
+                 f"{_f(j, ent[j])}" for j in over]
         np_short = [] if job.preemptible else [
             f"{_k(j)} non-preemptible allocation {_f(j, np_alloc[j])} + job {_f(j, need[j])} > "
             f"reservation {_f(j, reservation[j])} (a non-preemptible job never runs on "
@@ -146,7 +147,7 @@ def _admit_pool(tree, pool, queue, ent_r, alloc_out, np_out, lookahead, waited, 
             blocked[job.job_id] = f"pool {pool}: " + "; ".join(short + np_short)
             if first_blocked is None and job.preemptible:
                 first_blocked = job.job_id  # a non-preemptible job is set aside instead
-                short_kinds = [j for j in range(4) if need[j] and alloc[j] + need[j] > ent[j]]
+                short_kinds = over
             cycles = waited.get(job.job_id, 0) + 1
             # Holding the queue helps only a job short of entitlement that fits once the
             # pool's allocation drains: not one short of non-preemptible room.
