@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 from mesh.tasks import cancel_and_wait
+from workloads.resources import gpu_share
 
 __all__ = [
     "DEFAULT_MPS_PIPE_DIR",
@@ -92,7 +93,7 @@ class GpuGrant:
     @property
     def memory_per_gpu(self) -> int:
         """Bytes the task may hold on each of its GPUs; 0 = no limit."""
-        return self.memory // len(self.uuids) if self.uuids else 0
+        return gpu_share(0, self.memory, len(self.uuids))[1] if self.uuids else 0
 
 
 NO_GPU = GpuGrant(0, ())

@@ -33,7 +33,7 @@ from workloads.lifecycle import (
     job_state_of_counts,
 )
 from workloads.quantity import SpecError
-from workloads.resources import Resources
+from workloads.resources import Resources, gpu_share
 from workloads.spec import JobSpec, TaskGroup, parse_job_spec
 
 HOLDING = frozenset({TaskState.PLACED, TaskState.STARTING, TaskState.RUNNING})
@@ -380,8 +380,7 @@ class RegionState:
         if not uuids:
             return
         r = task.resources
-        milli = r.gpu if len(uuids) == 1 else r.gpu // len(uuids)
-        memory = r.gpu_memory // len(uuids)
+        milli, memory = gpu_share(r.gpu, r.gpu_memory, len(uuids))
         for uuid in uuids:
             key = (task.node_id, uuid)
             had_milli, had_memory = self.gpu_alloc.get(key, (0, 0))

@@ -113,3 +113,11 @@ class Resources:
             if amount
         ]
         return " ".join(parts) if parts else "none"
+
+
+def gpu_share(gpu: int, gpu_memory: int, gpus: int) -> tuple[int, int]:
+    """What each of the `gpus` GPUs a task was granted holds of it: (milli-GPUs, bytes).
+    A fraction sits on one GPU whole; whole GPUs split the memory evenly (rounded down).
+    The one rule the fold's accounting, placement and the agent's enforcement share."""
+    n = max(gpus, 1)
+    return (gpu if n == 1 else gpu // n), gpu_memory // n

@@ -30,6 +30,7 @@ from coordinator.placement.snapshot import (
     Working,
 )
 from workloads.quantity import format_bytes, format_gpu
+from workloads.resources import gpu_share
 
 OVERLOAD_PENALTY = 2.0  # per unit of measured utilisation beyond a whole GPU
 Index = np.ndarray | slice  # a set of node rows; a slice for one node is a cheap view
@@ -59,9 +60,8 @@ class Shape:
     @property
     def gpu_memory_each(self) -> int:
         """Memory asked of each GPU the task gets."""
-        if self.fractional:
-            return self.resources[GPU_MEMORY]
-        return self.resources[GPU_MEMORY] // max(self.whole_gpus, 1)
+        gpus = 1 if self.fractional else self.whole_gpus
+        return gpu_share(self.gpu, self.resources[GPU_MEMORY], gpus)[1]
 
     @property
     def level(self) -> int:
