@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -128,8 +129,11 @@ class Placer:
         # with weights >= 0, and constant ones: then the node a task just went to stays
         # the best for the next task of its shape while it still fits (see _pick).
         self._monotone = w.get("binpack", 0) >= 0 and w.get("gpu_fit", 0) >= 0
-        self._rejections: dict[Shape, tuple[int, dict[str, int]]] = {}
-        self._undos = 0
+        # Per shape, the change-log position at which it was found to fit nowhere, and
+        # its explanation then. Placements only take capacity, so both hold until an
+        # undo gives back what was taken after that position (see _undo).
+        self._dead: dict[Shape, int] = {}
+        self._rejections: dict[Shape, tuple[int, dict[str, int], str]] = {}
 
     # ------------------------------------------------------------ shape arrays
 
@@ -152,13 +156,19 @@ class Placer:
             self._refresh(arr, self.all, shape)
             self.shapes[shape] = arr
         elif arr.seen < len(self.changes):
+            # Only nodes the shape's static filters allow: elsewhere -inf stands whatever
+            # changed.
             stale = self.changes[arr.seen :]
             if len(stale) == 1 or len(set(stale)) == 1:
-                self._refresh(arr, slice(stale[0], stale[0] + 1), shape)
+                if arr.static_ok[stale[0]]:
+                    self._refresh(arr, slice(stale[0], stale[0] + 1), shape)
             elif len(stale) > FULL_REFRESH * len(self.snap):
                 self._refresh(arr, self.all, shape)
             else:
-                self._refresh(arr, np.array(sorted(set(stale)), dtype=np.int64), shape)
+                idx = np.array(sorted(set(stale)), dtype=np.int64)
+                idx = idx[arr.static_ok[idx]]
+                if len(idx):
+                    self._refresh(arr, idx, shape)
             arr.seen = len(self.changes)
         return arr.total
 
@@ -216,6 +226,8 @@ class Placer:
         stayed, the others did not move, ties went to it before): if it still fits, it
         is the answer, with no refresh and no argmax. Placing a gang or a run of equal
         jobs then costs one argmax per node filled, not one per task."""
+        if shape in self._dead:
+            return None
         arr = self.shapes.get(shape)
         if (
             terms is None
@@ -233,6 +245,9 @@ class Placer:
         total = self._candidates(shape, gang, terms)
         i = int(np.argmax(total))
         if not np.isfinite(total[i]):
+            base = self.shapes[shape].total
+            if base is total or not np.isfinite(base.max()):
+                self._dead[shape] = len(self.changes)
             return None
         if terms is None:
             self.shapes[shape].hot = i
@@ -263,13 +278,17 @@ class Placer:
         self._changed(i)
         return undo
 
-    def _undo(self, undos: list[_Undo]) -> None:
+    def _undo(self, undos: list[_Undo], start: int) -> None:
+        """Give back a gang's partial placement: the nodes return to what they were at
+        change-log position `start`, so what was known to fit nowhere before `start`
+        still fits nowhere, and only later findings are forgotten."""
         for u in reversed(undos):
             self.w.free[u.node] = u.free
             self.w.g_alloc[u.node] = u.g_alloc
             self.w.g_free_mem[u.node] = u.g_free_mem
             self._changed(u.node)
-        self._undos += 1
+        self._dead = {s: at for s, at in self._dead.items() if at <= start}
+        self._rejections = {s: r for s, r in self._rejections.items() if r[0] <= start}
         for arr in self.shapes.values():
             arr.hot = -1  # a node given back is not known to be anyone's best any more
 
@@ -305,6 +324,7 @@ class Placer:
         if not len(self.snap):
             return "no ready nodes", True
         terms = self._job_terms(gang)
+        start = len(self.changes)
         undos: list[_Undo] = []
         picks: list[Placement] = []
         need = gang.gang_size
@@ -313,7 +333,8 @@ class Placer:
             if i is None:
                 why = self._explain(gang, task, k, terms)
                 if k < need:
-                    self._undo(undos)
+                    if undos:
+                        self._undo(undos, start)
                     return why, True
                 out.extend(picks)
                 return why, False
@@ -333,27 +354,34 @@ class Placer:
     ) -> str:
         if not len(self.snap):
             return "no ready nodes"
-        # Counted again only after capacity was given back (an undo): placements alone
-        # never make a rejecting node accept, so within a round the first count stands.
+        # Counted once per shape: placements alone never make a rejecting node accept,
+        # so within a round the first count stands until an undo forgets it.
         cached = self._rejections.get(task.shape)
-        if cached is None or cached[0] != self._undos:
-            cached = (self._undos, rejections(self.w, task.shape))
+        if cached is None:
+            counts = rejections(self.w, task.shape)
+            cached = (len(self.changes), counts, _reasons(counts))
             self._rejections[task.shape] = cached
-        counts = dict(cached[1])
+        parts = cached[2]
         if gang.anti_affinity and terms is not None:
             taken = sum(1 for i in terms.per_node if np.isfinite(self._arrays(task.shape)[i]))
             if taken:
-                counts["already run a task of this job (anti_affinity)"] = taken
-        parts = "; ".join(
-            f"{n:,} node{'s' if n != 1 else ''}: {why}"
-            for why, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        )
+                parts = _reasons(
+                    {**cached[1], "already run a task of this job (anti_affinity)": taken}
+                )
         head = f"task {task.task_id} ({describe(task.shape)})"
         if gang.gang_size > 1 and k < gang.gang_size:
             head = f"gang of {gang.gang_size}: {k} placed, then {head}"
         return f"{head} fits no node: {parts}" if parts else f"{head} fits no node"
 
 
+def _reasons(counts: Mapping[str, int]) -> str:
+    return "; ".join(
+        f"{n:,} node{'s' if n != 1 else ''}: {why}"
+        for why, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
+
+
+@lru_cache(maxsize=4096)
 def describe(shape: Shape) -> str:
     cpu, memory, disk, gpu, gpu_memory = shape.resources
     parts = [f"cpu={format_cpu(cpu)}", f"memory={format_bytes(memory)}"]

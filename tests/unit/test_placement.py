@@ -653,6 +653,24 @@ def test_a_gang_that_does_not_fit_reserves_nothing():
     assert set(result.unplaced) == {"big"}
 
 
+def test_a_shape_found_unplaceable_inside_a_failed_gang_fits_again_after_its_undo():
+    """Within a round a shape that fits nowhere is not looked at again, but only until an
+    undo gives back what was taken after that finding."""
+    gangs = [
+        # Takes both nodes' CPU, then its third task fits nowhere: "cpu=2000" is found
+        # unplaceable mid-gang, and the undo must forget that.
+        gang("big", *tasks("big", 3, cpu=2000)),
+        gang("one", task("one.0", cpu=2000)),
+        gang("two", task("two.0", cpu=2000)),
+        gang("three", task("three.0", cpu=2000)),  # fits nowhere, before any undo
+        gang("four", task("four.0", cpu=2000)),  # the same: no fresh look needed
+    ]
+    result = place(Snapshot([node("a", cpu=2000), node("b", cpu=2000)]), gangs)
+    assert sorted(where(result)) == ["one.0", "two.0"]
+    assert set(result.unplaced) == {"big", "three", "four"}
+    assert "2 nodes: insufficient cpu" in result.unplaced["four"]
+
+
 def test_gangs_are_served_in_the_order_given():
     snap = Snapshot([node("a", cpu=4000)])
     x, y = gang("x", task("x.0", cpu=3000)), gang("y", task("y.0", cpu=3000))
