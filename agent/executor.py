@@ -31,14 +31,20 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from workloads.model import TASK_IDENTITY_VAR, WORKER_IDENTITY
+
 from .probe import process_start_ticks, process_start_time, session_processes
 
 __all__ = [
+    "TASK_IDENTITIES",
+    "TASK_IDENTITY_VAR",
     "ExecError",
     "ExecSpec",
     "ExitStatus",
@@ -71,6 +77,9 @@ _LOG_TAIL = 2048
 _SAME_START_S = 1e-3  # create_time of one process never differs by more between reads
 _STREAMS = ("stdout", "stderr")
 _MAX_REASON = 1024
+# A task that needs the agent's task identity (an inference worker connecting to NATS)
+# says so in its env, MESH_TASK_IDENTITY=worker, as workloads.model's jobs do.
+TASK_IDENTITIES = (WORKER_IDENTITY,)
 _Marker = Literal["kill", "timeout"]
 
 LimitMode = Literal["cgroup", "rlimit", "none"]
@@ -532,6 +541,8 @@ class ProcessExecutor:
     "rlimit" or "none"; ``limit_mode`` says which is in force, and
     ``limit_detail`` what was found. ``kill_grace_s`` is the grace a task
     gets between SIGTERM and SIGKILL when it overruns its max run time.
+    ``task_env`` is given to every task, ``task_identity`` only to tasks that ask for
+    it (see ``_environment``).
     """
 
     def __init__(
@@ -541,6 +552,8 @@ class ProcessExecutor:
         run_as: str | None = None,
         limits: str = "auto",
         allow_root: bool = True,
+        task_env: Mapping[str, str] | None = None,
+        task_identity: Mapping[str, str] | None = None,
     ) -> None:
         if limits not in ("auto", "cgroup", "rlimit", "none"):
             raise ValueError(f"limits must be auto, cgroup, rlimit or none, not {limits!r}")
@@ -559,6 +572,8 @@ class ProcessExecutor:
             if task_uid == 0 and not allow_root
             else ""
         )
+        self._task_env = dict(task_env or {})
+        self._task_identity = None if task_identity is None else dict(task_identity)
         self._boot_id = _boot_id()
         # Wrappers this executor spawned: their exit can be waited for, not just polled.
         self._children: dict[str, tuple[ProcessHandle, subprocess.Popen[bytes]]] = {}
@@ -662,14 +677,51 @@ class ProcessExecutor:
         _Cgroups.remove(cgroup_dirs)
 
     def _environment(self, spec: ExecSpec) -> dict[str, str]:
-        """A minimal base from the agent (PATH, HOME, LANG), the spec's env, MESH_TASK_ID."""
-        env = {"PATH": os.environ.get("PATH") or _DEFAULT_PATH}
+        """A minimal base from the agent (PATH, HOME, LANG), the spec's env, then what the
+        agent says about itself and the task (these win over the spec's):
+
+        - PATH starts with the directory of the agent's own interpreter
+          (``sys.executable``, symlinks not resolved), so ``python`` in a task command is
+          the Python the agent runs under: in a virtual environment, that environment's,
+          with Mesh and its dependencies importable, which is what ``python -m
+          inference.worker`` needs. A spec that sets PATH replaces all of it.
+        - ``task_env`` (the agent's MESH_NATS_URL and MESH_REGION) and MESH_TASK_ID.
+        - ``task_identity`` (MESH_TLS_CA/CERT/KEY, MESH_INBOX_PREFIX: the files of the
+          agent's task identity, never its own key) only to a task whose spec sets
+          ``MESH_TASK_IDENTITY=worker``. Handing them to every task would give each
+          batch job a NATS identity it has no use for, and its env to leak; a submitter
+          can still ask for it, so this is least exposure, not a boundary against a
+          hostile user (see docs/inference_deploy.md). ``task_identity=None`` means the
+          agent has none on a secure mesh: such a task is refused with a clear error
+          rather than left to fail its TLS handshake; ``{}`` means there is nothing to
+          give (an insecure mesh).
+        """
+        interpreter_dir = os.path.dirname(sys.executable) if sys.executable else ""
+        base_path = os.environ.get("PATH") or _DEFAULT_PATH
+        if interpreter_dir.startswith("/"):
+            rest = [p for p in base_path.split(os.pathsep) if p and p != interpreter_dir]
+            base_path = os.pathsep.join([interpreter_dir, *rest])
+        env = {"PATH": base_path}
         home = self._run_as.home if self._run_as is not None else os.environ.get("HOME")
         if home:
             env["HOME"] = home
         env["LANG"] = os.environ.get("LANG") or "C.UTF-8"
         env.update(dict(spec.env))
+        env.update(self._task_env)
         env["MESH_TASK_ID"] = spec.task_id
+        wanted = env.get(TASK_IDENTITY_VAR)
+        if wanted is not None:
+            if wanted not in TASK_IDENTITIES:
+                raise ExecError(
+                    f"{TASK_IDENTITY_VAR}={wanted[:64]!r}: the only task identity is "
+                    f"{', '.join(TASK_IDENTITIES)}"
+                )
+            if self._task_identity is None:
+                raise ExecError(
+                    f"the task asks for the {wanted} identity ({TASK_IDENTITY_VAR}) but this "
+                    "agent has none on a secure mesh: start it with --task-identity DIR"
+                )
+            env.update(self._task_identity)
         env.setdefault("PATH", _DEFAULT_PATH)
         return env
 

@@ -103,12 +103,12 @@ from dataclasses import dataclass, field, replace
 
 import msgpack
 
-from agent.link import EventPublisher, FleetFeed
+from agent.link import AssignmentMessage, EventPublisher, FleetFeed
 from mesh import subjects
 from mesh.codec import to_wire
 from mesh.connect import ClientTls, close_quietly, connect
 from mesh.schema import Assignment, GpuStatus, NodeState, Resources, TaskEvent, TaskSpec
-from mesh.signing import AssignmentRefused, VerifyKey, load_verify_key, verify
+from mesh.signing import AssignmentRefused, VerifyKey, load_verify_key, open_message
 from mesh.streams import ensure_streams
 from mesh.tasks import cancel_and_wait
 from workloads.lifecycle import TaskState
@@ -337,7 +337,7 @@ class HollowNode:
     background: dict[int, int] | None = None  # GPU index -> percent
     gpu_wire: GpuWire | None = field(default=None, repr=False)  # shared by equal nodes
     down: bool = False  # crashed: no heartbeats, assignments wait in `backlog`
-    backlog: list[Assignment] | None = field(default=None, repr=False)
+    backlog: list[AssignmentMessage] | None = field(default=None, repr=False)
     wake: asyncio.TimerHandle | None = field(default=None, repr=False)
     grants: dict[tuple[str, int], Grant] | None = field(default=None, repr=False)
     _gpu_milli: list[int] | None = field(default=None, repr=False)
@@ -692,21 +692,22 @@ class HollowFleet:
 
     # ------------------------------------------------------------ assignments
 
-    def _on_assignment(self, node_id: str, a: Assignment) -> None:
-        """Called by the feed for each assignment; never waits."""
+    def _on_assignment(self, node_id: str, m: AssignmentMessage) -> None:
+        """Called by the feed for each message (one assignment or a batch); never waits."""
         node = self.nodes[node_id]
         if node.down:
             if node.backlog is None:
                 node.backlog = []
-            node.backlog.append(a)
+            node.backlog.append(m)
             return
+        for a, refused in open_message(m, self.verify_key, node_id, time.time()):
+            if refused is not None:
+                self._refuse(node, a, (a.task_id, a.attempt), refused)
+            else:
+                self._act(node, a)
+
+    def _act(self, node: HollowNode, a: Assignment) -> None:
         key = (a.task_id, a.attempt)
-        if self.verify_key is not None:
-            try:
-                verify(a, self.verify_key, node_id, time.time())
-            except AssignmentRefused as exc:
-                self._refuse(node, a, key, exc)
-                return
         if a.kind == "kill":
             timer = node.end_run(key)
             if timer is not None:

@@ -31,14 +31,15 @@ from nats.js.api import ConsumerConfig
 from nats.js.errors import APIError, NotFoundError
 
 from mesh import subjects
-from mesh.codec import WireError, decode, encode
-from mesh.schema import Assignment, TaskEvent
+from mesh.codec import WireError, encode
+from mesh.schema import Assignment, AssignmentBatch, TaskEvent, decode_assignments
 from mesh.tasks import cancel_and_wait
 from workloads.lifecycle import TaskState
 
 log = logging.getLogger("mesh.agent.link")
 
-Handler = Callable[[Assignment], Awaitable[None]]
+AssignmentMessage = Assignment | AssignmentBatch  # one, or a round's runs for one node
+Handler = Callable[[AssignmentMessage], Awaitable[None]]
 
 
 class AssignmentFeed:
@@ -85,7 +86,7 @@ class AssignmentFeed:
 
     async def _handle(self, msg) -> None:
         try:
-            a = decode(Assignment, msg.data)
+            a = decode_assignments(msg.data)
         except WireError as exc:
             self.rejected += 1
             log.warning("undecodable assignment dropped: %s", exc)
@@ -99,7 +100,7 @@ class AssignmentFeed:
         try:
             await self.handler(a)
         except Exception:
-            log.exception("assignment %s/%d failed; will be redelivered", a.task_id, a.attempt)
+            log.exception("assignment for %s failed; will be redelivered", a.node_id)
             await msg.nak(delay=1.0)
             return
         await msg.ack()
@@ -123,7 +124,7 @@ async def publish_event(js: JetStreamContext, region: str, ev: TaskEvent) -> Non
 # `EventPublisher` sends everyone's task events without waiting for each ack in turn.
 # Why `filter_subjects` and what it costs: see agent/hollow.py.
 
-FleetHandler = Callable[[str, Assignment], None]
+FleetHandler = Callable[[str, AssignmentMessage], None]
 
 WQ_CONSUMER_OVERLAP = 10100  # "filtered consumer not unique on workqueue stream"
 
@@ -269,7 +270,7 @@ class FleetFeed:
         self.delivered += 1
         node_id = msg.subject[len(self._prefix) :] if msg.subject.startswith(self._prefix) else ""
         try:
-            a = decode(Assignment, msg.data)
+            a = decode_assignments(msg.data)
         except WireError as exc:
             self.rejected += 1
             log.warning("undecodable assignment on %s dropped: %s", msg.subject, exc)
@@ -283,7 +284,7 @@ class FleetFeed:
         try:
             self.handler(node_id, a)
         except Exception:
-            log.exception("assignment %s/%d failed; will be redelivered", a.task_id, a.attempt)
+            log.exception("assignment for %s failed; will be redelivered", a.node_id)
             await msg.nak(delay=1.0)
             return
         await msg.ack()

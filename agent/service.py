@@ -32,7 +32,7 @@ from agent.gpu import (
     mps_pipe_dir,
     task_env,
 )
-from agent.link import AssignmentFeed, publish_event
+from agent.link import AssignmentFeed, AssignmentMessage, publish_event
 from agent.probe import GpuInfo, GpuProbe, HostProbe, HostSample
 from agent.store import TaskRecord, TaskStore
 from mesh import subjects
@@ -50,7 +50,7 @@ from mesh.schema import (
     error_reply,
     ok,
 )
-from mesh.signing import AssignmentRefused, load_verify_key, verify
+from mesh.signing import AssignmentRefused, load_verify_key, open_message
 from mesh.streams import ensure_streams
 from workloads.lifecycle import TaskState
 
@@ -85,6 +85,9 @@ class AgentConfig:
     kill_grace_s: float = 5.0
     gpu_watchdog_s: float = 1.0  # poll period of the GPU memory watchdog
     tls: ClientTls | None = None  # its certificate (agent:NODE) on a secure mesh
+    # The identity handed to tasks that ask for it (inference workers: worker:NAME), never
+    # the agent's own. None on a secure mesh: such tasks are refused.
+    task_tls: ClientTls | None = None
 
 
 class Agent:
@@ -128,6 +131,8 @@ class Agent:
             run_as=self.config.run_as,
             limits=self.config.limits,
             allow_root=self.config.allow_root,
+            task_env=self.task_env(),
+            task_identity=self.task_identity_env(),
         )
         if self.executor.root_refusal:
             log.warning("%s", self.executor.root_refusal)
@@ -161,6 +166,24 @@ class Agent:
             asyncio.create_task(self._report_loop(), name="reporter"),
         ]
         log.info("agent %s started (limits: %s)", self.node_id, self.executor.limit_mode)
+
+    def task_env(self) -> dict[str, str]:
+        """What every task is told about where it runs: this agent's NATS and region."""
+        return {"MESH_NATS_URL": self.config.nats_url, "MESH_REGION": self.region}
+
+    def task_identity_env(self) -> dict[str, str] | None:
+        """The task identity's files, for tasks that ask (`ProcessExecutor._environment`):
+        {} on an insecure mesh (nothing to hand over), None on a secure one without a
+        task identity (those tasks are refused)."""
+        t = self.config.task_tls
+        if t is None:
+            return {} if self.config.tls is None else None
+        return {  # absolute: a task runs in its own work dir
+            "MESH_TLS_CA": os.path.abspath(t.ca),
+            "MESH_TLS_CERT": os.path.abspath(t.cert),
+            "MESH_TLS_KEY": os.path.abspath(t.key),
+            "MESH_INBOX_PREFIX": t.inbox_prefix,
+        }
 
     async def stop(self, kill_tasks: bool = False) -> None:
         """Stop the agent. Tasks keep running (a restarted agent re-adopts them) unless
@@ -273,13 +296,16 @@ class Agent:
             log.error("task store write failed: %s", exc)
         self.storage_error = str(exc)[:200] or type(exc).__name__
 
-    async def _on_assignment(self, a: Assignment) -> None:
-        if self.verify_key is not None:
-            try:
-                verify(a, self.verify_key, self.node_id, time.time())
-            except AssignmentRefused as exc:
-                await self._refuse(a, exc)
-                return  # acknowledged: a refusal is final, redelivery would not change it
+    async def _on_assignment(self, m: AssignmentMessage) -> None:
+        for a, refused in open_message(m, self.verify_key, self.node_id, time.time()):
+            if refused is not None:
+                # Acknowledged with the rest: a refusal is final, redelivery would not
+                # change it.
+                await self._refuse(a, refused)
+            else:
+                await self._act(a)
+
+    async def _act(self, a: Assignment) -> None:
         if a.kind == "kill":
             await self._kill(a)
             return

@@ -42,6 +42,7 @@ from mesh.codec import MAX_MESSAGE, WireError, decode, encode
 from mesh.schema import (
     MAX_BATCH,
     Assignment,
+    AssignmentBatch,
     JobListRequest,
     JobRef,
     KillRequest,
@@ -120,6 +121,16 @@ def _samples() -> dict[type, list[Any]]:
         Assignment: [
             Assignment("run", "n1", "j1", "j1.main.0", 0, 1, 1.0, spec, signature=b"s" * 64),
             Assignment("kill", "n1", "j1", "j1.main.0", 1, 2, 1.0),
+        ],
+        AssignmentBatch: [
+            AssignmentBatch(
+                "n1",
+                (
+                    Assignment("run", "n1", "j1", "j1.main.0", 0, 1, 1.0, spec),
+                    Assignment("run", "n1", "j1", "j1.main.1", 0, 1, 1.0, spec),
+                ),
+                signature=b"s" * 64,
+            ),
         ],
         LogEntry: [LogEntry(1, "c1", (LeaderElected(1, "c1", 1.0),))],
         SubmitRequest: [SubmitRequest("cid-1", VALID_SPEC), SubmitRequest("cid-2", {"name": "x"})],
@@ -666,6 +677,12 @@ def run_in_process(cases: int, rng: random.Random) -> Tally:
         ("leader.events", lambda: wire_case(rng, TaskEvent), via(recv.events), _Never),
         ("follower.log", lambda: wire_case(rng, LogEntry), log_path, _Never),
         ("agent.assignment", lambda: wire_case(rng, Assignment), via(recv.assignment), _Never),
+        (
+            "agent.assignment_batch",
+            lambda: wire_case(rng, AssignmentBatch),
+            via(recv.assignment),
+            _Never,
+        ),
     ]
     logging.disable(logging.CRITICAL)  # the receive paths log every message they drop
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -24,7 +25,9 @@ from coordinator.state import TaskRecord
 from mesh import subjects
 from mesh.codec import WireError, decode, encode
 from mesh.schema import (
+    MAX_ASSIGNMENT_BATCH,
     Assignment,
+    AssignmentBatch,
     LeaderElected,
     LogEvent,
     NodeState,
@@ -33,8 +36,9 @@ from mesh.schema import (
     TaskSpec,
     TaskUpdated,
 )
-from mesh.signing import sign
+from mesh.signing import sign, sign_batch
 from mesh.tasks import cancel_and_wait
+from workloads.spec import TaskGroup
 
 if TYPE_CHECKING:
     from coordinator.service import Coordinator
@@ -46,6 +50,17 @@ KILL_RESEND_S = 5.0
 MAX_ROUNDS = 20
 EVENTS_ACK_WAIT_S = 3.0
 PUBLISH_TIMEOUT_S = 10.0
+BATCH_BYTES = 512 * 1024  # a batch stays well inside the 1 MiB a message may have
+
+
+def _wire_size(group: TaskGroup) -> int:
+    """About what one run of `group` adds to a batch: its command and env dominate (up
+    to 64 KiB each); the rest is a few hundred bytes."""
+    return (
+        512
+        + sum(len(a.encode()) + 8 for a in group.command)
+        + sum(len(k.encode()) + len(v.encode()) + 16 for k, v in group.env)
+    )
 
 
 class Leader:
@@ -185,14 +200,38 @@ class Leader:
         )
 
     async def _publish_runs(self, tasks: list[TaskRecord]) -> None:
-        items = [(self._run_assignment(t), f"run:{t.task_id}:{t.attempt}") for t in tasks]
-        keys = [(t.task_id, t.attempt) for t in tasks]  # before the await: attempts move on
+        """One message per node (up to MAX_ASSIGNMENT_BATCH runs), not one per task."""
+        by_node: dict[str, list[TaskRecord]] = {}
+        for t in tasks:
+            by_node.setdefault(t.node_id, []).append(t)
+        batches: list[list[TaskRecord]] = []
+        sizes: dict[int, int] = {}  # per task group: its tasks share one
+        for node_tasks in by_node.values():
+            batch: list[TaskRecord] = []
+            size = 0
+            for t in node_tasks:
+                est = sizes.get(id(t.group)) or sizes.setdefault(id(t.group), _wire_size(t.group))
+                if batch and (len(batch) == MAX_ASSIGNMENT_BATCH or size + est > BATCH_BYTES):
+                    batches.append(batch)
+                    batch, size = [], 0
+                batch.append(t)
+                size += est
+            batches.append(batch)
+        items = []
+        for batch in batches:
+            runs = tuple(self._run_assignment(t) for t in batch)
+            keys = sorted(f"{a.task_id}:{a.attempt}" for a in runs)
+            # The same runs sent again are one message to the stream's de-duplication.
+            msg_id = "runs:" + hashlib.sha1("\n".join(keys).encode()).hexdigest()
+            items.append((AssignmentBatch(runs[0].node_id, runs), msg_id))
+        keyed = [[(t.task_id, t.attempt) for t in b] for b in batches]  # attempts move on
         sent = await self._send(items)
-        for t, key, ok in zip(tasks, keys, sent, strict=True):
-            if ok:
-                self._unsent.pop(key, None)
-            else:
-                self._unsent[key] = t
+        for batch, keys, ok in zip(batches, keyed, sent, strict=True):
+            for t, key in zip(batch, keys, strict=True):
+                if ok:
+                    self._unsent.pop(key, None)
+                else:
+                    self._unsent[key] = t
 
     def _resend_unsent(self) -> None:
         """Placements whose assignment did not reach the stream: send them again while
@@ -240,7 +279,7 @@ class Leader:
             ]
         )
 
-    async def _send(self, items: list[tuple[Assignment, str]]) -> list[bool]:
+    async def _send(self, items: list[tuple[Assignment | AssignmentBatch, str]]) -> list[bool]:
         """Publish assignments pipelined (one acknowledgement each, thousands in flight,
         not one round trip after another); True for each the stream acknowledged."""
         if not items:
@@ -251,8 +290,9 @@ class Leader:
         futures: list[asyncio.Future | None] = []
         for i, (a, msg_id) in enumerate(items):
             if key is not None:
-                a = sign(a, key)  # last thing before it leaves: a resend is signed afresh
-            if i % 256 == 255:
+                # Last thing before it leaves: a resend is signed afresh.
+                a = sign_batch(a, key) if isinstance(a, AssignmentBatch) else sign(a, key)
+            if i % 64 == 63:
                 await asyncio.sleep(0)  # signing and encoding cost: let the loop breathe
             try:
                 fut = await js.publish_async(

@@ -18,7 +18,7 @@ from coordinator.state import RegionState
 from mesh import subjects
 from mesh.codec import WireError, decode
 from mesh.connect import close_quietly, connect
-from mesh.lease import Lease
+from mesh.lease import LeaseThread
 from mesh.schema import NodeState
 from mesh.signing import load_signing_key
 from mesh.streams import ensure_streams
@@ -55,10 +55,9 @@ class Coordinator:
         self.api = Api(self)
         self.bad_states = 0
         self.nc = None
-        self.lease_nc = None
         self.js = None
         self.follower: LogFollower | None = None
-        self.lease: Lease | None = None
+        self.lease: LeaseThread | None = None
         self._state_sub = None
         self._lead_lock = asyncio.Lock()
         self._stopped = asyncio.Event()
@@ -77,14 +76,14 @@ class Coordinator:
             subjects.state_all(self.region), cb=self._on_state
         )
         await self.api.start()
-        # The lease renews over a connection of its own: on the main one its small KV
-        # update would queue behind megabytes of assignments and log appends, and a
-        # leader busy placing a backlog would lose the lease to its own traffic.
-        self.lease_nc = await connect(
-            c.nats_url, name=f"coordinator-lease:{self.candidate_id}", **c.connect_options
-        )
-        self.lease = Lease(
-            self.lease_nc.jetstream(timeout=5.0),
+        # The lease renews over a connection and a thread of its own: on the main
+        # connection its small KV update would queue behind megabytes of assignments and
+        # log appends, and on the main loop it would wait out every long placement round
+        # (see LeaseThread).
+        self.lease = LeaseThread(
+            lambda: connect(
+                c.nats_url, name=f"coordinator-lease:{self.candidate_id}", **c.connect_options
+            ),
             subjects.lease_bucket(self.region),
             subjects.LEADER_KEY,
             self.candidate_id,
@@ -106,8 +105,6 @@ class Coordinator:
                 await self._state_sub.unsubscribe()
         if self.follower is not None:
             await self.follower.stop()
-        if self.lease_nc is not None:
-            await close_quietly(self.lease_nc)
         if self.nc is not None:
             await close_quietly(self.nc)
         self._stopped.set()
@@ -117,8 +114,8 @@ class Coordinator:
 
     async def _elected(self, term: int) -> None:
         async with self._lead_lock:
-            if self.leader is not None:
-                return
+            if self.leader is not None or self.lease is None or self.lease.term != term:
+                return  # already leading, or this term was lost before we got here
             leader = Leader(self, term)
             try:
                 await leader.start()

@@ -10,7 +10,8 @@ attempt, an illegal transition) is ignored, so replaying a log is always safe.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import attrgetter
+
+from sortedcontainers import SortedDict
 
 from coordinator.pools import PoolConfigError, PoolTree, parse_pool_tree
 from mesh.schema import (
@@ -108,7 +109,7 @@ class JobRecord:
     submit_seq: int = 0
     pending: int = 0  # tasks in PENDING, kept by the fold
     pending_resources: Resources = Resources()  # what those tasks ask for, summed
-    order: tuple[int, int] = (0, 0)  # queue order: higher priority first, then older
+    order: tuple[int, int, int] = (0, 0, 0)  # queue: higher priority first, then older
     pending_since: float = 0.0  # when its tasks last started waiting (starvation guard)
     counted_as: JobState | None = None  # the state `RegionState.job_counts` counts it in
     counts: dict[TaskState, int] = field(default_factory=dict)  # tasks per state, by the fold
@@ -190,6 +191,10 @@ class RegionState:
         # (reconcile runs on every event; the log moves less often).
         self.memo: dict[str, tuple[object, object]] = {}
         self.waiting: set[str] = set()  # jobs with PENDING tasks
+        # The same jobs in queue order (JobRecord.order -> job id), kept sorted as they
+        # come and go: a region with 100,000 jobs queued must not sort them every round.
+        self.queue: SortedDict = SortedDict()
+        self._submitted = 0  # jobs submitted so far: ties in one log entry keep their order
         self.unsettled: set[str] = set()  # tasks in UNSETTLED states
         self.killing: set[str] = set()  # killed jobs with tasks not yet ended
         self.ignored = 0  # events that did not fit (stale/illegal)
@@ -268,10 +273,11 @@ class RegionState:
         job.pending = len(tasks)
         job.counts = {TaskState.PENDING: len(tasks)}
         job.pending_resources = spec.total_resources
-        job.order = (-spec.priority, seq)
+        self._submitted += 1
+        job.order = (-spec.priority, seq, self._submitted)
         job.pending_since = ev.ts
         self.jobs[ev.job_id] = job
-        self.waiting.add(ev.job_id)
+        self._wait(job)
         self.by_client[ev.client_id] = ev.job_id
         self.tasks.update(tasks)
         self._recount(job)
@@ -400,9 +406,15 @@ class RegionState:
         else:
             job.pending_resources = job.pending_resources - task.resources
         if job.pending > 0:
-            self.waiting.add(job.job_id)
-        else:
+            self._wait(job)
+        elif job.job_id in self.waiting:
             self.waiting.discard(job.job_id)
+            del self.queue[job.order]
+
+    def _wait(self, job: JobRecord) -> None:
+        if job.job_id not in self.waiting:
+            self.waiting.add(job.job_id)
+            self.queue[job.order] = job.job_id
 
     def _history(self, task: TaskRecord, ts: float, message: str) -> None:
         task.history.append((ts, task.attempt, str(task.state), task.node_id, message))
@@ -416,6 +428,5 @@ class RegionState:
 
     def pending_jobs(self) -> list[JobRecord]:
         """Jobs with PENDING tasks, highest priority first, then oldest first."""
-        jobs = [self.jobs[j] for j in self.waiting if not self.jobs[j].kill_requested]
-        jobs.sort(key=attrgetter("order"))
-        return jobs
+        jobs = self.jobs
+        return [job for j in self.queue.values() if not (job := jobs[j]).kill_requested]

@@ -11,7 +11,17 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from mesh.codec import WireError, decode, encode, from_wire, register, tagged, to_wire, wf
+from mesh.codec import (
+    WireError,
+    decode,
+    encode,
+    from_wire,
+    register,
+    tagged,
+    to_wire,
+    unpack,
+    wf,
+)
 from workloads.lifecycle import TaskState
 from workloads.quantity import SpecError
 from workloads.resources import Resources
@@ -30,6 +40,8 @@ __all__ = [
     "NodeState",
     "TaskSpec",
     "Assignment",
+    "AssignmentBatch",
+    "decode_assignments",
     "TaskEvent",
     "JobSubmitted",
     "TaskPlaced",
@@ -161,6 +173,31 @@ class Assignment:
     signature: bytes = wf(b"", max_len=256)
     expires_at: float = wf(0.0, ge=0.0)  # signed runs are refused after it; 0: unsigned
     v: int = 1
+
+
+MAX_ASSIGNMENT_BATCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentBatch:
+    """A round's runs for one node in one stream message, signed once as a whole.
+
+    One message per node per round, not one per task: the ASSIGN stream's work-queue
+    consumers slow down with the number of messages pending (docs/placement.md), and
+    one signature covers them all. The items carry no signature of their own."""
+
+    node_id: str = wf(max_len=64)
+    items: tuple[Assignment, ...] = wf((), max_len=MAX_ASSIGNMENT_BATCH)
+    signature: bytes = wf(b"", max_len=256)
+    v: int = 1
+
+
+def decode_assignments(data: bytes) -> Assignment | AssignmentBatch:
+    """What an agent's assignment subject carries: one assignment, or a batch of them."""
+    obj = unpack(data)
+    if isinstance(obj, dict) and "items" in obj:
+        return from_wire(AssignmentBatch, obj)
+    return from_wire(Assignment, obj)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,12 @@ sorted and an integral float is written as an integer (the decoder turns a `5` f
 float field into `5.0`). A domain prefix ("mesh-assignment-v1") keeps these bytes from
 ever being mistaken for another signed message.
 
+A round's runs for one node travel as one `AssignmentBatch`, signed once: the signature
+covers the node and, in order, every item as its own signature would (`sign_batch`,
+`batch_signed_bytes`, under a domain of its own, so a batch signature never stands for
+a single assignment's or the reverse). The items carry no signature; `open_message`
+checks the batch's once, then each item as `verify` checks one.
+
 Checks (`verify`), for both kinds: a signature is present, it verifies under the key,
 and the assignment names this node. For runs only, also: not expired and not issued
 too far in the future (clock skew bound). Kills skip the time checks on purpose: a
@@ -42,11 +48,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from mesh.codec import to_wire
-from mesh.schema import Assignment
+from mesh.schema import Assignment, AssignmentBatch
 
 log = logging.getLogger("mesh.signing")
 
 DOMAIN = b"mesh-assignment-v1\x00"
+BATCH_DOMAIN = b"mesh-assignment-batch-v1\x00"
 DEFAULT_TTL_S = 300.0  # how long a signed run stays valid (well under the hollow SEEN_TTL_S)
 DEFAULT_MAX_SKEW_S = 30.0  # how far the coordinator's clock may be ahead of or behind ours
 KEY_FILE = "assignments.key"
@@ -147,10 +154,9 @@ def _canon(x: Any) -> Any:
     return x
 
 
-def signed_bytes(a: Assignment) -> bytes:
-    """What the signature covers: everything of `a` but the signature itself (and `v`)."""
+def _body(a: Assignment) -> list:
     spec = None if a.spec is None else _canon(to_wire(a.spec))
-    body = [
+    return [
         a.kind,
         a.node_id,
         a.job_id,
@@ -162,7 +168,18 @@ def signed_bytes(a: Assignment) -> bytes:
         _canon(float(a.grace_s)),
         spec,
     ]
-    return DOMAIN + msgpack.packb(body, use_bin_type=True)
+
+
+def signed_bytes(a: Assignment) -> bytes:
+    """What the signature covers: everything of `a` but the signature itself (and `v`)."""
+    return DOMAIN + msgpack.packb(_body(a), use_bin_type=True)
+
+
+def batch_signed_bytes(b: AssignmentBatch) -> bytes:
+    """What a batch's one signature covers: its node and every item as `signed_bytes`
+    would cover it, in order. Its own domain: a batch's bytes never verify as one
+    assignment's, nor the other way round."""
+    return BATCH_DOMAIN + msgpack.packb([b.node_id, [_body(a) for a in b.items]], use_bin_type=True)
 
 
 # ---------------------------------------------------------------- sign and verify
@@ -192,6 +209,11 @@ def verify(
         raise AssignmentRefused(
             "bad-signature", f"{a.kind} {a.task_id}#{a.attempt}: forged or altered"
         ) from None
+    _check_item(a, node_id, now, max_skew_s)
+
+
+def _check_item(a: Assignment, node_id: str, now: float, max_skew_s: float) -> None:
+    """The checks after the signature: addressed to this node, and for runs, in date."""
     if a.node_id != node_id:
         raise AssignmentRefused("wrong-node", f"addressed to {a.node_id!r}, this is {node_id!r}")
     if a.kind != "run":
@@ -206,3 +228,58 @@ def verify(
             f"run {a.task_id}#{a.attempt} issued {a.issued_at - now:.0f} s in the future "
             f"(clocks differ by more than {max_skew_s:g} s?)",
         )
+
+
+def sign_batch(
+    b: AssignmentBatch, key: SigningKey, ttl_s: float = DEFAULT_TTL_S
+) -> AssignmentBatch:
+    """Each item valid until its `issued_at + ttl_s`; the batch signed once."""
+    items = tuple(
+        dataclasses.replace(a, expires_at=a.issued_at + ttl_s, signature=b"") for a in b.items
+    )
+    b = dataclasses.replace(b, items=items, signature=b"")
+    return dataclasses.replace(b, signature=key.sign(batch_signed_bytes(b)))
+
+
+Checked = list[tuple[Assignment, "AssignmentRefused | None"]]
+
+
+def open_message(
+    m: Assignment | AssignmentBatch,
+    pub: VerifyKey | None,
+    node_id: str,
+    now: float,
+    max_skew_s: float = DEFAULT_MAX_SKEW_S,
+) -> Checked:
+    """The assignments a message carries, each with why it must not be acted on (None:
+    it may). Without a key (an unsigned region) nothing is refused. A batch's signature
+    is checked once for all its items; each item is then checked as `verify` checks one
+    (this node, in date), so one stale item does not spoil the rest."""
+    items = m.items if isinstance(m, AssignmentBatch) else (m,)
+    if pub is None:
+        return [(a, None) for a in items]
+    if isinstance(m, Assignment):
+        try:
+            verify(m, pub, node_id, now, max_skew_s)
+        except AssignmentRefused as exc:
+            return [(m, exc)]
+        return [(m, None)]
+    what = f"batch of {len(items)} for {m.node_id}"
+    if not m.signature:
+        return _all(items, AssignmentRefused("unsigned", f"{what} carries no signature"))
+    try:
+        pub.verify(m.signature, batch_signed_bytes(m))
+    except InvalidSignature:
+        return _all(items, AssignmentRefused("bad-signature", f"{what}: forged or altered"))
+    out: Checked = []
+    for a in items:
+        try:
+            _check_item(a, node_id, now, max_skew_s)
+            out.append((a, None))
+        except AssignmentRefused as exc:
+            out.append((a, exc))
+    return out
+
+
+def _all(items: tuple[Assignment, ...], exc: AssignmentRefused) -> Checked:
+    return [(a, exc) for a in items]

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from mesh import subjects
-from mesh.codec import decode, encode
-from mesh.schema import Assignment, TaskSpec
+from mesh.codec import encode
+from mesh.schema import Assignment, AssignmentBatch, TaskSpec, decode_assignments
 from mesh.signing import generate_keypair, load_signing_key, sign
 from workloads.spec import SimulatedRun
 
@@ -70,7 +70,9 @@ async def test_signed_region_runs_jobs_and_refuses_forged_stale_and_replayed(
     assert job["state"] == "SUCCEEDED"
     await region.nc.flush()
     (original,) = seen
-    assert len(decode(Assignment, original).signature) == 64
+    batch = decode_assignments(original)  # a round's runs for a node: one signed batch
+    assert isinstance(batch, AssignmentBatch) and len(batch.signature) == 64
+    assert [a.job_id for a in batch.items] == [job_id]
 
     # Forged (another key), unsigned, and genuine-but-stale assignments; then a replay.
     forged_marker = tmp_path / "forged"

@@ -16,6 +16,7 @@ from mesh import codec
 from mesh.codec import MAX_DEPTH, MAX_MESSAGE, MAX_STR, WireError, to_wire
 from mesh.schema import (
     Assignment,
+    AssignmentBatch,
     ErrorCode,
     GpuProcessInfo,
     GpuStatus,
@@ -59,7 +60,7 @@ FUZZ = settings(max_examples=300, **_COMMON)
 MUTATE = settings(max_examples=50, **_COMMON)
 ROUND = settings(max_examples=20, **_COMMON)
 ROUND_BIG = settings(max_examples=40, **_COMMON)
-BIG = ("NodeState", "Assignment", "TaskEvent", "LogEntry")
+BIG = ("NodeState", "Assignment", "AssignmentBatch", "TaskEvent", "LogEntry")
 INT64 = 2**63 - 1
 
 # --------------------------------------------------------------------------- strategies
@@ -244,12 +245,20 @@ logs_request = st.builds(
     tail_bytes=ints(1, 1024 * 1024),
 )
 
+assignment_batch = st.builds(
+    AssignmentBatch,
+    node_id=text(64),
+    items=st.lists(assignment, max_size=3).map(tuple),
+    signature=st.binary(max_size=80),
+)
+
 STRATEGIES = {
     GpuProcessInfo: gpu_process,
     GpuStatus: gpu_status,
     NodeState: node_state,
     TaskSpec: task_spec,
     Assignment: assignment,
+    AssignmentBatch: assignment_batch,
     TaskEvent: task_event,
     JobSubmitted: job_submitted,
     TaskPlaced: task_placed,

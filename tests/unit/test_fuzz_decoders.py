@@ -31,6 +31,7 @@ from mesh.schema import (
     SubmitManyRequest,
     SubmitRequest,
     TaskEvent,
+    decode_assignments,
 )
 from mesh.schema import (
     NodeState as NodeStateMsg,
@@ -71,7 +72,13 @@ def test_every_network_message_is_fuzzed():
         and dataclasses.is_dataclass(obj := getattr(schema, name))
     }
     assert requests <= set(CLASSES)
-    assert {schema.NodeState, schema.TaskEvent, schema.Assignment, schema.LogEntry} <= set(CLASSES)
+    assert {
+        schema.NodeState,
+        schema.TaskEvent,
+        schema.Assignment,
+        schema.AssignmentBatch,
+        schema.LogEntry,
+    } <= set(CLASSES)
 
 
 def decoded_or_wire_error(cls, data):
@@ -205,11 +212,15 @@ def test_receive_paths_drop_and_count_bad_messages(seed):
             (fuzz.NodeState, recv.state),
             (fuzz.TaskEvent, recv.events),
             (fuzz.Assignment, recv.assignment),
+            (fuzz.AssignmentBatch, recv.assignment),
         ):
             for _ in range(5):
                 _, data = fuzz.wire_case(rng, cls)
                 try:
-                    valid = decode(cls, data)
+                    if cls in (fuzz.Assignment, fuzz.AssignmentBatch):
+                        valid = decode_assignments(data)  # what the feed decodes
+                    else:
+                        valid = decode(cls, data)
                 except WireError:
                     valid = None
                 if valid is not None and not _token_ok(getattr(valid, "node_id", "n1")):

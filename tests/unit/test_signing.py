@@ -10,7 +10,7 @@ import pytest
 
 from agent.executor import ExecError, ExecSpec, ProcessExecutor
 from mesh.codec import decode, encode, from_wire, to_wire
-from mesh.schema import Assignment, Resources, TaskSpec
+from mesh.schema import Assignment, AssignmentBatch, Resources, TaskSpec, decode_assignments
 from mesh.signing import (
     DEFAULT_MAX_SKEW_S,
     DEFAULT_TTL_S,
@@ -18,7 +18,9 @@ from mesh.signing import (
     generate_keypair,
     load_signing_key,
     load_verify_key,
+    open_message,
     sign,
+    sign_batch,
     signed_bytes,
     verify,
 )
@@ -180,3 +182,90 @@ async def test_executor_refuses_root_unless_allowed(tmp_path):
     assert not ProcessExecutor(tmp_path / "b", run_as="nobody", allow_root=False).root_refusal
     assert ProcessExecutor(tmp_path / "c", run_as="root", allow_root=False).root_refusal
     assert not ProcessExecutor(tmp_path / "d", allow_root=True).root_refusal
+
+
+# ---------------------------------------------------------------- batches
+
+
+def batch_of(*runs: Assignment, node_id: str = "n1") -> AssignmentBatch:
+    return AssignmentBatch(node_id, tuple(runs))
+
+
+def reasons(m, pub, node_id: str = "n1", now: float = NOW) -> list[str | None]:
+    return [None if exc is None else exc.reason for _, exc in open_message(m, pub, node_id, now)]
+
+
+def test_a_batch_verifies_once_for_all_its_items_after_a_trip_over_the_wire(keys):
+    key, pub = keys
+    b = sign_batch(batch_of(run(), run(task_id="j.main.1"), run(kind="kill", spec=None)), key)
+    assert all(not a.signature for a in b.items)  # one signature, the batch's
+    assert all(a.expires_at == NOW + DEFAULT_TTL_S for a in b.items)
+    seen = decode_assignments(encode(b))
+    assert seen == b
+    assert reasons(seen, pub) == [None, None, None]
+    assert [a.task_id for a, _ in open_message(seen, pub, "n1", NOW)] == [
+        "j.main.0",
+        "j.main.1",
+        "j.main.0",
+    ]
+
+
+def test_a_single_assignment_still_decodes_and_opens_as_before(keys):
+    key, pub = keys
+    a = sign(run(), key)
+    assert decode_assignments(encode(a)) == a
+    assert reasons(a, pub) == [None]
+    assert reasons(run(), pub) == ["unsigned"]
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda b: dataclasses.replace(b, items=b.items[:1]),  # one dropped
+        lambda b: dataclasses.replace(b, items=(*b.items, b.items[0])),  # one added
+        lambda b: dataclasses.replace(b, items=b.items[::-1]),  # reordered
+        lambda b: dataclasses.replace(
+            b, items=(dataclasses.replace(b.items[0], attempt=2), b.items[1])
+        ),
+        lambda b: dataclasses.replace(
+            b,
+            items=(
+                b.items[0],
+                dataclasses.replace(
+                    b.items[1], spec=dataclasses.replace(b.items[1].spec, argv=("rm", "-rf"))
+                ),
+            ),
+        ),
+        lambda b: dataclasses.replace(b, node_id="n2"),
+    ],
+)
+def test_any_change_to_a_signed_batch_refuses_every_item(keys, tamper):
+    key, pub = keys
+    b = tamper(sign_batch(batch_of(run(), run(task_id="j.main.1")), key))
+    assert set(reasons(b, pub, b.node_id)) == {"bad-signature"}
+
+
+def test_batch_refusals_unsigned_forged_and_per_item(keys, other_keys):
+    key, pub = keys
+    two = batch_of(run(), run(task_id="j.main.1"))
+    assert reasons(two, pub) == ["unsigned", "unsigned"]
+    assert reasons(sign_batch(two, other_keys[0]), pub) == ["bad-signature"] * 2
+    assert reasons(sign_batch(two, key), None) == [None, None]  # unsigned region: no checks
+    # Genuine, but one item is for another node and one was issued an hour ago: only
+    # those two are refused, each for its own reason.
+    mixed = sign_batch(
+        batch_of(run(), run(task_id="j.main.1", node_id="n2"), run(issued_at=NOW - 3600)), key
+    )
+    assert reasons(mixed, pub) == [None, "wrong-node", "expired"]
+    refusal = open_message(mixed, pub, "n1", NOW)[2][1]
+    assert refusal.genuine  # reported as the attempt's failure, as for a single one
+
+
+def test_batch_and_single_signatures_never_stand_for_each_other(keys):
+    key, pub = keys
+    a = sign(run(), key)
+    as_batch = AssignmentBatch("n1", (dataclasses.replace(a, signature=b""),), a.signature)
+    assert reasons(as_batch, pub) == ["bad-signature"]
+    b = sign_batch(batch_of(run()), key)
+    as_single = dataclasses.replace(b.items[0], signature=b.signature)
+    assert reasons(as_single, pub) == ["bad-signature"]
