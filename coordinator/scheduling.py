@@ -42,6 +42,8 @@ class PlacementConfig:
     release_s: float = 15.0
 
     def __post_init__(self) -> None:
+        if not self.starve_after_s >= 0:
+            raise ValueError(f"starve_after_s must be >= 0, got {self.starve_after_s}")
         if self.profile not in PROFILES:
             raise ValueError(
                 f"unknown placement profile {self.profile!r}; known: {sorted(PROFILES)}"

@@ -192,6 +192,9 @@ def _check_bool(x: Any, path: str) -> bool:
     return x
 
 
+_check_bool.ok = lambda x: type(x) is bool  # type: ignore[attr-defined]
+
+
 def _int_conv(meta: dict) -> Converter:
     ge, le = meta.get("ge"), meta.get("le")
     lo = -INT64 - 1 if ge is None else ge
@@ -204,6 +207,7 @@ def _int_conv(meta: dict) -> Converter:
             raise WireError(path, f"{x} is out of range [{lo}, {hi}]")
         return x
 
+    conv.ok = lambda x: type(x) is int and lo <= x <= hi  # type: ignore[attr-defined]
     return conv
 
 
@@ -220,6 +224,10 @@ def _float_conv(meta: dict) -> Converter:
             raise WireError(path, f"{x} is out of range [{ge}, {le}]")
         return x
 
+    lo = -math.inf if ge is None else ge
+    hi = math.inf if le is None else le
+    # A float in range is returned as it is (an int is converted: not the fast path).
+    conv.ok = lambda x: type(x) is float and lo <= x <= hi and -math.inf < x < math.inf  # type: ignore[attr-defined]
     return conv
 
 
@@ -236,6 +244,10 @@ def _str_conv(meta: dict) -> Converter:
             raise WireError(path, f"{_show(x)} is not one of {', '.join(choices)}")
         return x
 
+    if choices is None:
+        conv.ok = lambda x: type(x) is str and len(x) <= max_len  # type: ignore[attr-defined]
+    else:
+        conv.ok = lambda x: type(x) is str and x in choices and len(x) <= max_len  # type: ignore[attr-defined]
     return conv
 
 
@@ -249,6 +261,7 @@ def _bytes_conv(meta: dict) -> Converter:
             raise WireError(path, f"{len(x)} bytes exceed the limit of {max_len}")
         return x
 
+    conv.ok = lambda x: type(x) is bytes and len(x) <= max_len  # type: ignore[attr-defined]
     return conv
 
 
@@ -285,12 +298,15 @@ def _tuple_conv(args: tuple, meta: dict) -> Converter:
     max_len = meta.get("max_len") or MAX_ITEMS
     if len(args) == 2 and args[1] is Ellipsis:
         item = _converter(args[0])
+        ok = getattr(item, "ok", None)
 
         def conv(x: Any, path: str) -> tuple:
             if not isinstance(x, (list, tuple)):
                 raise WireError(path, f"expected a list, got {type(x).__name__}")
             if len(x) > max_len:
                 raise WireError(path, f"list of {len(x)} items exceeds the limit of {max_len}")
+            if ok is not None and all(map(ok, x)):
+                return tuple(x)
             return tuple(item(v, f"{path}[{i}]") for i, v in enumerate(x))
 
         return conv
@@ -308,12 +324,17 @@ def _dict_conv(args: tuple, meta: dict) -> Converter:
     max_len = meta.get("max_len") or MAX_ITEMS
     key_conv = _converter(args[0])
     val_conv = _converter(args[1])
+    key_ok = getattr(key_conv, "ok", None)
+    val_ok = getattr(val_conv, "ok", None)
 
     def conv(x: Any, path: str) -> dict:
         if not isinstance(x, dict):
             raise WireError(path, f"expected a map, got {type(x).__name__}")
         if len(x) > max_len:
             raise WireError(path, f"map of {len(x)} entries exceeds the limit of {max_len}")
+        if key_ok is not None and val_ok is not None:
+            if all(map(key_ok, x)) and all(map(val_ok, x.values())):
+                return dict(x)
         return {key_conv(k, path): val_conv(v, _sub(path, k)) for k, v in x.items()}
 
     return conv
@@ -330,6 +351,12 @@ def _union_conv(args: tuple, meta: dict) -> Converter:
                 return None
             return inner(x, path)
 
+        inner_ok = getattr(inner, "ok", None)
+        if inner_ok is not None:
+            if nullable:
+                conv_opt.ok = lambda x: x is None or inner_ok(x)  # type: ignore[attr-defined]
+            else:
+                conv_opt.ok = inner_ok  # type: ignore[attr-defined]
         return conv_opt
     if not all(dataclasses.is_dataclass(m) for m in members):
         raise TypeError(f"unions must be of tagged dataclasses: {args!r}")
@@ -359,20 +386,25 @@ def _dataclass_conv(cls: type) -> Converter:
         )
         meta = {k: v for k, v in f.metadata.items() if v is not None}
         fields.append((f.name, has_default, hints[f.name], meta))
-    compiled: list[tuple[str, bool, Converter]] = []
+    compiled: list[tuple[str, bool, Converter, Callable[[Any], bool] | None]] = []
 
     def conv(x: Any, path: str) -> Any:
         if not compiled:
-            compiled.extend((n, d, _converter(t, m)) for n, d, t, m in fields)
+            for n, d, t, m in fields:
+                c = _converter(t, m)
+                compiled.append((n, d, c, getattr(c, "ok", None)))
         if not isinstance(x, dict):
             raise WireError(path, f"expected a map for {cls.__name__}, got {type(x).__name__}")
         kwargs = {}
-        for name, has_default, c in compiled:
-            sub = f"{path}.{name}" if path else name
+        for name, has_default, c, ok in compiled:
             if name in x:
-                kwargs[name] = c(x[name], sub)
+                v = x[name]
+                # A value the converter would return unchanged skips it (and the path).
+                kwargs[name] = (
+                    v if ok is not None and ok(v) else c(v, f"{path}.{name}" if path else name)
+                )
             elif not has_default:
-                raise WireError(sub, "required")
+                raise WireError(f"{path}.{name}" if path else name, "required")
         try:
             return cls(**kwargs)
         except WireError:

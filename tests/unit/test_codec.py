@@ -3,6 +3,7 @@ ends in `WireError` and nothing else."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import typing
@@ -885,3 +886,50 @@ def test_schema_types_are_all_convertible():
     for cls in CLASSES:
         for f in dataclasses.fields(cls):
             codec._converter(typing.get_type_hints(cls)[f.name])
+
+
+# --------------------------------------------------------------------------- fast path
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**64), 2**64)
+    | st.floats()
+    | st.text(max_size=70)
+    | st.binary(max_size=300)
+)
+
+
+def _converters_with_a_fast_path():
+    out = []
+    for cls in STRATEGIES:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            meta = {k: v for k, v in f.metadata.items() if v is not None}
+            conv = codec._converter(hints[f.name], meta)
+            if getattr(conv, "ok", None) is not None:
+                out.append((f"{cls.__name__}.{f.name}", conv))
+    return out
+
+
+FAST = _converters_with_a_fast_path()
+
+
+def test_scalar_fields_have_a_fast_path():
+    assert {"NodeState.node_id", "NodeState.seq", "NodeState.ts", "Assignment.kind"} <= {
+        name for name, _ in FAST
+    }
+
+
+@FUZZ
+@given(value=_SCALARS, choice=st.data())
+def test_a_value_the_fast_path_accepts_is_one_the_converter_returns_unchanged(value, choice):
+    """The decoder skips a field's converter when its `ok` says the value is valid as it is:
+    so `ok(x)` must mean exactly "the converter returns x, same type", never more."""
+    name, conv = choice.draw(st.sampled_from(FAST))
+    if conv.ok(value):
+        out = conv(value, name)
+        assert out == value and type(out) is type(value)
+    else:
+        with contextlib.suppress(WireError):
+            conv(value, name)  # refused or converted (an int for a float): the slow path
