@@ -94,6 +94,9 @@ class LogFollower:
                 await asyncio.wait_for(self._applied.wait(), min(remaining, 0.1))
 
 
+MAX_UNSEEN = 64  # entries a writer reads back to tell its own late appends from a rival's
+
+
 class LogWriter:
     """The leader's single writer: batches events, appends fenced, applies on ack."""
 
@@ -186,8 +189,36 @@ class LogWriter:
                 timeout=5.0,
             )
         except APIError as exc:
-            if exc.err_code == WRONG_LAST_SEQUENCE:
+            if exc.err_code != WRONG_LAST_SEQUENCE:
+                raise
+            if not await self._moved_by_us(expected):
                 raise Fenced(f"log moved past {expected}: another leader wrote") from None
-            raise
+            return await self._write(events)
         self.state.apply(ack.seq, entry)
         return ack.seq
+
+    async def _moved_by_us(self, expected: int) -> bool:
+        """The log moved past `expected` behind our back: was it only our own appends,
+        which timed out and landed anyway (a loaded server acknowledges late)? Reads what
+        was appended since, and applies it if it is all of our term, as an acknowledged
+        append would have been (the follower then skips it). Another term: fenced."""
+        stream = subjects.log_stream(self.region)
+        target = (await self.js.stream_info(stream)).state.last_seq
+        if target <= expected or target - expected > MAX_UNSEEN:
+            return False
+        landed = []
+        for seq in range(expected + 1, target + 1):
+            if seq <= self.state.last_seq:
+                continue  # the follower applied it meanwhile
+            msg = await self.js.get_msg(stream, seq)
+            try:
+                entry = decode(LogEntry, msg.data, max_size=8 * 1024 * 1024)
+            except WireError:
+                return False
+            if entry.term != self.term or entry.leader_id != self.leader_id:
+                return False
+            landed.append((seq, entry))
+        for seq, entry in landed:
+            if seq > self.state.last_seq:
+                self.state.apply(seq, entry)
+        return self.state.term <= self.term

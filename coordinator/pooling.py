@@ -14,8 +14,8 @@ from coordinator.pools import (
     admit,
     choose_victims,
     compute_entitlement,
-    demand_by_pool,
     format_amount,
+    sum_by_pool,
 )
 from coordinator.state import HOLDING, JobRecord, RegionState
 from mesh.schema import TaskPreemptRequested
@@ -29,7 +29,6 @@ class PoolView:
     """Every input and output of one entitlement round, per leaf pool."""
 
     capacity: Resources
-    pending: list[PendingJob]
     running: list[RunningJob]  # holding jobs, minus those being reclaimed
     allocation: dict[str, Resources]  # everything held, reclaimed or not
     non_preemptible: dict[str, Resources]
@@ -50,10 +49,6 @@ def pool_view(
     state: RegionState, capacity: Resources, waiting: list[JobRecord], now: float
 ) -> PoolView:
     leaves = set(state.pools.leaves())
-    pending = [
-        PendingJob(j.job_id, j.spec.pool, j.pending_resources, j.spec.priority, j.spec.preemptible)
-        for j in waiting
-    ]
     # Sums as int lists, not Resources: this loop visits every running task each round.
     held: dict[str, _Held] = {}
     alloc: dict[str, list[int]] = {}
@@ -99,10 +94,14 @@ def pool_view(
                 running_for=max(0.0, now - started),
             )
         )
-    demand = {p: r for p, r in demand_by_pool(j for j in pending if j.pool in leaves).items()}
+    # From the job records, not a PendingJob each: the queue may hold 100,000 jobs, and
+    # building those was most of a round's cost (admission builds them for its window).
+    demand = sum_by_pool(
+        (j.spec.pool, j.pending_resources) for j in waiting if j.spec.pool in leaves
+    )
     alloc_leaves = {p: r for p, r in allocation.items() if p in leaves}
     entitlement = compute_entitlement(state.pools, capacity, demand, alloc_leaves)
-    return PoolView(capacity, pending, running, allocation, non_preemptible, demand, entitlement)
+    return PoolView(capacity, running, allocation, non_preemptible, demand, entitlement)
 
 
 def _add(acc: dict[str, list[int]], key: str, row: tuple[int, ...]) -> None:
@@ -117,18 +116,18 @@ def _add(acc: dict[str, list[int]], key: str, row: tuple[int, ...]) -> None:
 def admitted_jobs(
     state: RegionState,
     view: PoolView,
+    jobs: list[JobRecord],
     skip: frozenset[str] = frozenset(),
-    only: set[str] | None = None,
 ) -> tuple[set[str], dict[str, str]]:
-    """Which waiting jobs may be placed now, and why the others wait. Jobs in `skip`
-    (admitted but found not to fit any node) take no share of their pool's budget;
-    with `only`, just those jobs are looked at (a window of a long queue)."""
+    """Which of the waiting `jobs` (all of them, or a window of a long queue) may be
+    placed now, and why the others wait. Jobs in `skip` (admitted but found not to fit
+    any node) take no share of their pool's budget."""
     leaves = set(state.pools.leaves())
-    pending = view.pending
-    if skip or only is not None:
-        pending = [
-            p for p in pending if p.job_id not in skip and (only is None or p.job_id in only)
-        ]
+    pending = [
+        PendingJob(j.job_id, j.spec.pool, j.pending_resources, j.spec.priority, j.spec.preemptible)
+        for j in jobs
+        if j.job_id not in skip
+    ]
     decision = admit(
         state.pools,
         pending,

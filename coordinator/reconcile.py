@@ -257,9 +257,8 @@ def _place_waiting(
         return
     looked, cursor = window(waiting, state.memo.get("window_cursor", 0), config.window_jobs)
     state.memo["window_cursor"] = cursor
-    only = {j.job_id for j in looked} if len(looked) < len(waiting) else None
     waiting = looked
-    admitted, blocked = admitted_jobs(state, d.pools, only=only)
+    admitted, blocked = admitted_jobs(state, d.pools, waiting)
     if not admitted:
         d.unplaced.update(blocked)
         return
@@ -268,7 +267,7 @@ def _place_waiting(
     if misfits and blocked and not result.line_held_by:
         # Admitted gangs that fit no node hold no budget: admit again without them,
         # so the jobs behind them in their pool can use what they could not.
-        again, still_blocked = admitted_jobs(state, d.pools, misfits, only)
+        again, still_blocked = admitted_jobs(state, d.pools, waiting, misfits)
         if again - admitted:
             why = {j: result.unplaced[j] for j in misfits}
             jobs = [j for j in waiting if j.job_id in again]

@@ -18,6 +18,7 @@ from coordinator.pools.entitlement import (
     compute_entitlement,
     demand_by_pool,
     reservation_shortfall,
+    sum_by_pool,
     wants,
 )
 from coordinator.pools.jobs import PendingJob, RunningJob
@@ -51,6 +52,7 @@ __all__ = [
     "choose_victims",
     "compute_entitlement",
     "demand_by_pool",
+    "sum_by_pool",
     "format_amount",
     "parse_pool_tree",
     "reservation_shortfall",

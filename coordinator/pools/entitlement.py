@@ -38,6 +38,7 @@ from workloads.resources import Resources
 __all__ = [
     "compute_entitlement",
     "demand_by_pool",
+    "sum_by_pool",
     "reservation_shortfall",
     "wants",
 ]
@@ -75,12 +76,16 @@ def wants(
 
 def demand_by_pool(jobs: Iterable[PendingJob | RunningJob]) -> dict[str, Resources]:
     """Sum of ``job.resources`` per ``job.pool``: a leaf's pending demand from its queue."""
+    return sum_by_pool((job.pool, job.resources) for job in jobs)
+
+
+def sum_by_pool(items: Iterable[tuple[str, Resources]]) -> dict[str, Resources]:
+    """Sum of the resources per pool, as ints until the end (it may see 100,000 jobs)."""
     acc: dict[str, list[int]] = {}
-    for job in jobs:
-        r = job.resources
-        v = acc.get(job.pool)
+    for pool, r in items:
+        v = acc.get(pool)
         if v is None:
-            acc[job.pool] = [r.cpu, r.memory, r.disk, r.gpu]
+            acc[pool] = [r.cpu, r.memory, r.disk, r.gpu]
         else:
             v[0] += r.cpu
             v[1] += r.memory

@@ -203,3 +203,28 @@ async def test_an_own_append_that_landed_after_a_timeout_does_not_fence_the_writ
     seq = await w.append([JobKillRequested("y", 0.0, "r")])
     assert seq == ack.seq + 1 and not w.fenced
     await w.stop()
+
+
+async def test_an_own_late_append_the_follower_has_not_applied_yet_does_not_fence(nc):
+    """The append is refused for a wrong last sequence because our own timed-out entry
+    landed and the follower has not applied it yet: the writer waits for the follower,
+    sees its own term, and writes after it. Had another leader written, it would fence."""
+    js = nc.jetstream()
+    await ensure_streams(js, REGION)
+    state = RegionState()
+    w = LogWriter(js, REGION, state, 1, "me", _noop)
+    w.start()
+    await w.append([LeaderElected(1, "me", time.time())])
+    ghost = LogEntry(term=1, leader_id="me", events=(JobKillRequested("x", 0.0, "r"),))
+    ack = await js.publish(subjects.job_log(REGION), encode(ghost))
+    asyncio.get_running_loop().call_later(0.3, state.apply, ack.seq, ghost)  # a late follower
+    seq = await w.append([JobKillRequested("y", 0.0, "r")])
+    assert seq == ack.seq + 1 and not w.fenced
+    # Now another leader's entry, applied late as well: that one fences.
+    other = LogEntry(term=2, leader_id="them", events=(LeaderElected(2, "them", time.time()),))
+    ack2 = await js.publish(subjects.job_log(REGION), encode(other))
+    asyncio.get_running_loop().call_later(0.3, state.apply, ack2.seq, other)
+    with pytest.raises(Fenced):
+        await w.append([JobKillRequested("z", 0.0, "r")])
+    assert w.fenced
+    await w.stop()
