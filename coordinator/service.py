@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from coordinator.leader import Leader
 from coordinator.scheduling import PlacementConfig
 from coordinator.state import RegionState
 from mesh import subjects
-from mesh.codec import WireError, decode
+from mesh.codec import WireError, from_wire, unpack
 from mesh.connect import close_quietly, connect
 from mesh.lease import LeaseThread
 from mesh.schema import NodeState
@@ -24,6 +25,8 @@ from mesh.signing import load_signing_key
 from mesh.streams import ensure_streams
 
 log = logging.getLogger("mesh.coordinator")
+
+MAX_REMEMBERED_HEARTBEATS = 100_000  # subjects whose last heartbeat is kept for comparison
 
 
 @dataclass
@@ -59,6 +62,7 @@ class Coordinator:
         self.follower: LogFollower | None = None
         self.lease: LeaseThread | None = None
         self._state_sub = None
+        self._last_heartbeat: dict[str, tuple[dict, NodeState]] = {}  # subject -> (raw, state)
         self._lead_lock = asyncio.Lock()
         self._stopped = asyncio.Event()
 
@@ -147,9 +151,28 @@ class Coordinator:
             await leader.stop()
             log.info("%s stepped down (term %d)", self.candidate_id, leader.term)
 
+    def _node_state(self, subject: str, data: bytes) -> NodeState:
+        """Decode a heartbeat. Most repeat the node's previous one but for its clock (seq,
+        ts): those are compared as msgpack gave them and only the clock is validated, not
+        the whole state again (5,000 nodes a second cost the leader a third of a core)."""
+        raw = unpack(data)
+        if type(raw) is not dict:
+            return from_wire(NodeState, raw)
+        rest = dict(raw)
+        clock = {k: rest.pop(k) for k in ("seq", "ts") if k in rest}
+        last = self._last_heartbeat.get(subject)
+        if last is not None and last[0] == rest:
+            c = from_wire(NodeState, {"node_id": "", "region": "", **clock})
+            return dataclasses.replace(last[1], seq=c.seq, ts=c.ts)
+        st = from_wire(NodeState, raw)
+        if len(self._last_heartbeat) >= MAX_REMEMBERED_HEARTBEATS:
+            self._last_heartbeat.clear()
+        self._last_heartbeat[subject] = (rest, st)
+        return st
+
     async def _on_state(self, msg) -> None:
         try:
-            st = decode(NodeState, msg.data)
+            st = self._node_state(msg.subject, msg.data)
         except WireError as exc:
             self.bad_states += 1
             log.debug("bad node state dropped: %s", exc)

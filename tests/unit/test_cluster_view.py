@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from coordinator.cluster import DOWN, READY, SUSPECT, ClusterView, NodeView
@@ -114,3 +116,25 @@ def test_view_exposes_the_latest_state():
     view = cv.nodes["n1"]
     assert view.state.capacity == Resources(cpu=4000)
     assert view.live_tasks == frozenset({"j.w.0#1", "j.w.1#2"})
+
+
+def test_a_repeated_heartbeat_is_decoded_as_a_full_one_would_be():
+    """The coordinator compares a heartbeat with the node's previous one and validates
+    only the clock when nothing else changed: the result must be what a full decode
+    gives, and a bad clock must still be refused."""
+    from coordinator.service import Coordinator, CoordinatorConfig
+    from mesh.codec import WireError, decode, encode, pack, unpack
+
+    coord = Coordinator(CoordinatorConfig("nats://127.0.0.1:1"))
+    subject = "mesh.default.state.n1"
+    first = NodeState("n1", "default", 1, 10.0, Resources(cpu=4000), labels={"a": "b"})
+    again = dataclasses.replace(first, seq=2, ts=11.5)
+    changed = dataclasses.replace(again, seq=3, ts=12.0, cpu_percent=50.0)
+    for st in (first, again, changed, again):
+        data = encode(st)
+        assert coord._node_state(subject, data) == decode(NodeState, data) == st
+    for bad in ({"ts": "late"}, {"seq": -1}, {"ts": float("inf")}):
+        raw = unpack(encode(again))
+        raw.update(bad)
+        with pytest.raises(WireError):
+            coord._node_state(subject, pack(raw))
