@@ -183,18 +183,25 @@ class Leader:
             log.info("%s", ev.reason)
         return list(events)
 
-    def _run_assignment(self, t: TaskRecord) -> Assignment:
+    def _run_assignment(self, t: TaskRecord, specs: dict | None = None) -> Assignment:
+        """`specs`: TaskSpecs made so far in this send, so the runs of one group share one
+        object, which encoding and signing then convert once (see codec.to_wire)."""
         g = t.group
         job = self.state.jobs[t.job_id]
-        spec = TaskSpec(
-            argv=g.command,
-            env=dict(g.env),
-            workdir=g.workdir,
-            resources=g.resources,
-            simulate=g.simulate,
-            max_run_time_s=job.spec.max_run_time_s,
-            gpu_uuids=t.gpu_uuids,
-        )
+        key = (id(g), job.spec.max_run_time_s, t.gpu_uuids)
+        spec = None if specs is None else specs.get(key)
+        if spec is None:
+            spec = TaskSpec(
+                argv=g.command,
+                env=dict(g.env),
+                workdir=g.workdir,
+                resources=g.resources,
+                simulate=g.simulate,
+                max_run_time_s=job.spec.max_run_time_s,
+                gpu_uuids=t.gpu_uuids,
+            )
+            if specs is not None:
+                specs[key] = spec
         return Assignment(
             "run", t.node_id, t.job_id, t.task_id, t.attempt, self.term, time.time(), spec
         )
@@ -218,8 +225,9 @@ class Leader:
                 size += est
             batches.append(batch)
         items = []
+        specs: dict = {}  # the groups stay alive in the state while this runs: ids hold
         for batch in batches:
-            runs = tuple(self._run_assignment(t) for t in batch)
+            runs = tuple(self._run_assignment(t, specs) for t in batch)
             keys = sorted(f"{a.task_id}:{a.attempt}" for a in runs)
             # The same runs sent again are one message to the stream's de-duplication.
             msg_id = "runs:" + hashlib.sha1("\n".join(keys).encode()).hexdigest()

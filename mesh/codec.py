@@ -64,24 +64,32 @@ def _field_names(cls: type) -> tuple[tuple[str, ...], str | None]:
     return names
 
 
-def to_wire(obj: Any) -> Any:
+def to_wire(obj: Any, seen: dict[int, Any] | None = None) -> Any:
     """Plain msgpack-able data: dataclasses become maps (tagged with `_t` when they are
-    members of a union), tuples lists, enums their values."""
+    members of a union), tuples lists, enums their values. With `seen`, a dataclass met
+    again (the same object, e.g. one TaskSpec shared by a batch's runs) is converted
+    once: `seen` maps id() to the result, valid while `obj` keeps its parts alive."""
     cls = type(obj)
     if cls in _PLAIN:
         return obj
     if cls in _FIELD_NAMES or (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
+        if seen is not None:
+            hit = seen.get(id(obj))
+            if hit is not None:
+                return hit
         names, tag = _field_names(cls)
-        out = {name: to_wire(getattr(obj, name)) for name in names}
+        out = {name: to_wire(getattr(obj, name), seen) for name in names}
         if tag is not None:
             out["_t"] = tag
+        if seen is not None:
+            seen[id(obj)] = out
         return out
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, (list, tuple)):
-        return [to_wire(x) for x in obj]
+        return [to_wire(x, seen) for x in obj]
     if isinstance(obj, dict):
-        return {k: to_wire(v) for k, v in obj.items()}
+        return {k: to_wire(v, seen) for k, v in obj.items()}
     return obj
 
 
@@ -89,7 +97,7 @@ _PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
 
 
 def pack(obj: Any) -> bytes:
-    return msgpack.packb(to_wire(obj), use_bin_type=True)
+    return msgpack.packb(to_wire(obj, {}), use_bin_type=True)
 
 
 def unpack(data: bytes, max_size: int = MAX_MESSAGE) -> Any:

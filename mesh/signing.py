@@ -154,8 +154,16 @@ def _canon(x: Any) -> Any:
     return x
 
 
-def _body(a: Assignment) -> list:
-    spec = None if a.spec is None else _canon(to_wire(a.spec))
+def _body(a: Assignment, specs: dict[int, Any] | None = None) -> list:
+    """`specs`: canonical specs by id(), for a batch whose runs share TaskSpec objects."""
+    if a.spec is None:
+        spec = None
+    elif specs is None:
+        spec = _canon(to_wire(a.spec))
+    else:
+        spec = specs.get(id(a.spec))
+        if spec is None:
+            spec = specs[id(a.spec)] = _canon(to_wire(a.spec))
     return [
         a.kind,
         a.node_id,
@@ -179,7 +187,10 @@ def batch_signed_bytes(b: AssignmentBatch) -> bytes:
     """What a batch's one signature covers: its node and every item as `signed_bytes`
     would cover it, in order. Its own domain: a batch's bytes never verify as one
     assignment's, nor the other way round."""
-    return BATCH_DOMAIN + msgpack.packb([b.node_id, [_body(a) for a in b.items]], use_bin_type=True)
+    specs: dict[int, Any] = {}  # the batch holds its specs: their ids stay valid
+    return BATCH_DOMAIN + msgpack.packb(
+        [b.node_id, [_body(a, specs) for a in b.items]], use_bin_type=True
+    )
 
 
 # ---------------------------------------------------------------- sign and verify
