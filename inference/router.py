@@ -33,6 +33,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+import msgpack
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -42,29 +43,36 @@ from inference.router_core import RouterConfig, RouterCore
 from inference.wire import (
     BAD_REQUEST,
     DEADLINE,
+    LATE_MESSAGE,
     NO_WORKERS,
     WORKER_FAILED,
+    BatchDone,
     BatchReply,
-    BatchRequest,
-    InferRequest,
+    ConnectionArgs,
     WireError,
     WorkerHello,
+    add_connection_args,
+    add_event_loop_arg,
+    connection_args,
     decode,
-    encode,
     error_bytes,
     hello_subject,
     infer_all,
     ok_bytes,
+    parse_infer_request,
+    run,
     worker_subject,
 )
-from mesh.connect import close_quietly, connect
+from mesh.codec import from_wire, unpack
+from mesh.connect import ClientTls, close_quietly
 from mesh.subjects import SubjectError, token
 
 log = logging.getLogger("inference.router")
 
 QUEUE_GROUP = "mesh-infer-routers"
+_packb = msgpack.Packer(use_bin_type=True).pack
 _DROPPED = error_bytes(DEADLINE, "deadline cannot be met")
-_LATE = error_bytes(DEADLINE, "deadline cannot be met: the batch finished after it")
+_LATE = error_bytes(DEADLINE, LATE_MESSAGE)
 _NO_WORKERS = error_bytes(NO_WORKERS, "no live worker serves this model")
 _OVERLOADED = error_bytes(DEADLINE, "deadline cannot be met: the router is overloaded")
 
@@ -79,24 +87,48 @@ class RouterSettings:
     url: str
     region: str = "local"
     name: str = "router"
+    tls: ClientTls | None = None  # on a secure mesh: CA, client cert/key, inbox prefix
+    inbox_prefix: str = "_INBOX"  # where batch replies come back (tls's, when set)
     default_slo_ms: float = 100.0
     dispatch_lead_ms: float = 2.0
     reply_margin_ms: float = 2.0
     batch_slack_ms: float = 50.0
     sweep_s: float = 0.25
     rebuild_drift: float = 0.25  # re-plan when a worker's profile moves by this fraction
+    rebuild_floor_ms: float = 0.5  # ... and by at least this much (a 50 us batch is noise)
     # Requests waiting in the client library's queue beyond this are answered at once,
     # undecoded: under overload, serving the queue in order only reaches requests whose
     # deadlines have passed, and goodput collapses (receive livelock).
     shed_backlog: int = 512
+    # "direct": workers answer each client themselves and send the router one BatchDone
+    # per batch (the router never touches a result); "router": results come back to the
+    # router in one BatchReply and it answers (a worker then needs no permission to
+    # publish to client inboxes). See docs/inference_nats.md.
+    answers: str = "direct"
+
+    def __post_init__(self) -> None:
+        if self.answers not in ("direct", "router"):
+            raise ValueError(f"answers is 'direct' or 'router', not {self.answers!r}")
 
 
 class _Worker:
     """A worker as the router plans with it: its announced profile plus the measured
     round-trip overhead (NATS hops, its queueing), which the worker cannot see."""
 
-    __slots__ = ("a_ns", "b_ns", "dev_ns", "hello", "id", "last_batch", "last_seen",
-                 "max_batch", "over_ns", "planned_over_ns", "timeouts", "ttl")
+    __slots__ = (
+        "a_ns",
+        "b_ns",
+        "dev_ns",
+        "hello",
+        "id",
+        "last_batch",
+        "last_seen",
+        "max_batch",
+        "over_ns",
+        "planned_over_ns",
+        "timeouts",
+        "ttl",
+    )
 
     def __init__(self, hello: WorkerHello, now: float) -> None:
         self.id = hello.worker_id
@@ -121,8 +153,9 @@ class _Worker:
 
     def profile(self) -> LatencyProfile:
         self.planned_over_ns = self.overhead()
-        return LatencyProfile(max(self.a_ns + self.planned_over_ns, 1_000), self.b_ns,
-                              self.max_batch)
+        return LatencyProfile(
+            max(self.a_ns + self.planned_over_ns, 1_000), self.b_ns, self.max_batch
+        )
 
 
 @dataclass
@@ -131,6 +164,7 @@ class _Route:
 
     model: str
     slo_ns: int
+    in_bytes: int = 0  # bytes of one input, as the workers announce it (0: any)
     workers: dict[str, _Worker] = field(default_factory=dict)
     core: RouterCore | None = None
     queued: dict[int, int] = field(default_factory=dict)  # request id -> deadline (mono ns)
@@ -147,6 +181,7 @@ class _Batch:
     rids: tuple[int, ...]
     end_ns: int
     sent_ns: int
+    direct: bool
     timer: asyncio.TimerHandle | None = None
 
 
@@ -160,8 +195,12 @@ class Router:
         self._lead = int(settings.dispatch_lead_ms * 1e6)
         self._margin = int(settings.reply_margin_ms * 1e6)
         self._slack = int(settings.batch_slack_ms * 1e6)
+        self._floor = max(1, int(settings.rebuild_floor_ms * 1e6))
         self._routes: dict[str, _Route] = {}
-        self._pending: dict[int, tuple[str, bytes, int]] = {}  # rid -> (reply, input, deadline)
+        # rid -> (reply subject, input, deadline on our monotonic clock less the reply
+        # margin, the client's deadline in unix ns)
+        self._pending: dict[int, tuple[str, bytes, int, int]] = {}
+        self._direct = settings.answers == "direct"
         self._batches: dict[int, _Batch] = {}
         self._next_rid = 0
         self._next_batch = 0
@@ -172,30 +211,55 @@ class Router:
         self._inbox = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stats: dict[str, int] = dict(
-            received=0, bad=0, ok=0, dropped=0, late=0, no_workers=0, worker_failed=0,
-            redispatched=0, batches=0, batched_requests=0, batch_failures=0, hellos=0,
-            bad_hellos=0, rebuilds=0)
+            received=0,
+            bad=0,
+            ok=0,
+            dropped=0,
+            late=0,
+            no_workers=0,
+            worker_failed=0,
+            redispatched=0,
+            batches=0,
+            batched_requests=0,
+            batch_failures=0,
+            hellos=0,
+            bad_hellos=0,
+            rebuilds=0,
+            shed=0,
+            worker_bad=0,
+            served_after_give_up=0,
+        )
 
     # ------------------------------------------------------------- lifecycle
 
     async def start(self) -> Router:
         self._loop = asyncio.get_running_loop()
         if self.nc is None:
-            self.nc = await connect(self.s.url, name=f"infer-{self.s.name}")
+            conn = ConnectionArgs(self.s.url, self.s.region, self.s.tls, self.s.inbox_prefix)
+            self.nc = await conn.connect(f"infer-{self.s.name}")
         nc = self.nc
+        # One wildcard subscription for every batch reply, under the connection's inbox
+        # prefix (nats-py's new_inbox uses it): the only replies a secure mesh lets us take.
         self._inbox = nc.new_inbox()
         self._subs = [
             await nc.subscribe(hello_subject(self.s.region), cb=self._on_hello),
-            await nc.subscribe(f"{self._inbox}.*", cb=self._on_batch_reply,
-                               pending_msgs_limit=1_000_000),
+            await nc.subscribe(
+                f"{self._inbox}.*", cb=self._on_batch_reply, pending_msgs_limit=1_000_000
+            ),
         ]
         self._req_sub = await nc.subscribe(
-            infer_all(self.s.region), queue=QUEUE_GROUP, cb=self._on_request,
-            pending_msgs_limit=1_000_000, pending_bytes_limit=512 * 1024 * 1024)
+            infer_all(self.s.region),
+            queue=QUEUE_GROUP,
+            cb=self._on_request,
+            pending_msgs_limit=1_000_000,
+            pending_bytes_limit=512 * 1024 * 1024,
+        )
         self._subs.append(self._req_sub)
         await nc.flush()
-        self._tasks = [asyncio.create_task(self._flusher(), name="router-flusher"),
-                       asyncio.create_task(self._sweeper(), name="router-sweeper")]
+        self._tasks = [
+            asyncio.create_task(self._flusher(), name="router-flusher"),
+            asyncio.create_task(self._sweeper(), name="router-sweeper"),
+        ]
         return self
 
     async def stop(self) -> None:
@@ -265,39 +329,51 @@ class Router:
         if not reply:
             st["bad"] += 1
             return
-        if self._req_sub.pending_msgs > self.s.shed_backlog:
-            st["shed"] = st.get("shed", 0) + 1
+        backlog = self._req_sub.pending_msgs  # requests behind this one, already received
+        if backlog > self.s.shed_backlog:
+            st["shed"] += 1
             self._send(reply, _OVERLOADED)
             return
         try:
-            req = decode(InferRequest, msg.data)
+            data, values, dl_unix, timeout_ms = parse_infer_request(msg.data)
         except WireError as exc:
             st["bad"] += 1
             self._send(reply, error_bytes(BAD_REQUEST, str(exc)[:500]))
             return
-        model = msg.subject[msg.subject.rfind(".") + 1:]
+        subject = msg.subject
+        model = subject[subject.rfind(".") + 1 :]
         route = self._routes.get(model)
         if route is None or route.core is None:
             st["no_workers"] += 1
             self._send(reply, _NO_WORKERS)
             return
+        if values:
+            data = struct.pack(f"<{len(values)}f", *values)
+        if route.in_bytes and len(data) != route.in_bytes:
+            st["bad"] += 1
+            self._send(
+                reply,
+                error_bytes(
+                    BAD_REQUEST,
+                    f"input: model {model} takes {route.in_bytes // 4} float32 "
+                    f"({route.in_bytes} bytes), got {len(data)} bytes",
+                ),
+            )
+            return
         now = time.monotonic_ns()
-        if req.deadline_unix_ns is not None:
-            deadline = now + (req.deadline_unix_ns - time.time_ns())
-        elif req.timeout_ms is not None:
-            deadline = now + int(req.timeout_ms * 1e6)
-        else:
-            deadline = now + route.slo_ns
-        deadline -= self._margin
-        data = req.input
-        if req.values:
-            data = struct.pack(f"<{len(req.values)}f", *req.values)
+        wall = time.time_ns()
+        if dl_unix is None:
+            dl_unix = wall + (int(timeout_ms * 1e6) if timeout_ms is not None else route.slo_ns)
+        deadline = now + (dl_unix - wall) - self._margin
         rid = self._next_rid
         self._next_rid = rid + 1
-        self._pending[rid] = (reply, data, deadline)
+        self._pending[rid] = (reply, data, deadline, dl_unix)
         route.queued[rid] = deadline
         route.core.submit(Request(rid, model, now, deadline), now)
-        if not route.stepping:
+        if not backlog:
+            # The last request of this burst: plan now rather than on the next loop pass.
+            self._step(route)
+        elif not route.stepping:
             route.stepping = True
             self._loop.call_soon(self._step, route)
 
@@ -345,6 +421,8 @@ class Router:
         pending = self._pending
         inputs = []
         rids = []
+        replies = []
+        dls = []
         min_dl = None
         for rid in d.request_ids:
             p = pending.get(rid)
@@ -352,13 +430,16 @@ class Router:
                 continue
             rids.append(rid)
             inputs.append(p[1])
+            replies.append(p[0])
+            dls.append(p[3])
             if min_dl is None or p[2] < min_dl:
                 min_dl = p[2]
         if not rids:
             return
         bid = self._next_batch
         self._next_batch = bid + 1
-        batch = _Batch(bid, route, d.gpu_id, tuple(rids), d.end_ns, time.monotonic_ns())
+        direct = self._direct
+        batch = _Batch(bid, route, d.gpu_id, tuple(rids), d.end_ns, time.monotonic_ns(), direct)
         w = route.workers.get(d.gpu_id)
         if w is not None:
             w.last_batch = bid
@@ -369,33 +450,49 @@ class Router:
         self._batches[bid] = batch
         self.stats["batches"] += 1
         self.stats["batched_requests"] += len(rids)
-        self._send(worker_subject(self.s.region, d.gpu_id),
-                   encode(BatchRequest(batch_id=bid, model=route.model, inputs=tuple(inputs))),
-                   f"{self._inbox}.{bid}")
+        # A BatchRequest, encoded as mesh.codec would (field names, lists), built directly.
+        body = {"batch_id": bid, "model": route.model, "inputs": inputs, "v": 1}
+        if direct:
+            body["replies"] = replies
+            body["deadlines_unix_ns"] = dls
+        self._send(worker_subject(self.s.region, d.gpu_id), _packb(body), f"{self._inbox}.{bid}")
 
     async def _on_batch_reply(self, msg: Msg) -> None:
         now = time.monotonic_ns()
         try:
-            bid = int(msg.subject[msg.subject.rfind(".") + 1:])
+            bid = int(msg.subject[msg.subject.rfind(".") + 1 :])
         except ValueError:
             self.stats["bad"] += 1
             return
         batch = self._batches.pop(bid, None)
         if batch is None:
-            return  # given up on already: its requests were answered or re-submitted
+            # Given up on already: its requests were answered or re-submitted. A worker
+            # that answered them itself after all says so; the client kept the first.
+            if self._direct and not msg.headers:
+                with contextlib.suppress(WireError):
+                    self.stats["served_after_give_up"] += decode(BatchDone, msg.data).served
+            return
         if batch.timer is not None:
             batch.timer.cancel()
         if msg.headers and msg.headers.get("Status") == "503":
             self._batch_failed(batch, now, worker_gone=True)
             return
         try:
-            rep = decode(BatchReply, msg.data)
+            obj = unpack(msg.data)
+            # A worker that does not answer clients itself (an older one) sends the
+            # outputs back even for a direct batch: then the router answers.
+            direct = batch.direct and not (type(obj) is dict and "outputs" in obj)
+            rep = from_wire(BatchDone if direct else BatchReply, obj)
         except WireError:
             self.stats["bad"] += 1
             self._batch_failed(batch, now, worker_gone=False)
             return
         n = len(batch.rids)
-        if not rep.ok or rep.out_dim == 0 or len(rep.outputs) != n * rep.out_dim * 4:
+        if direct:
+            ok = rep.ok and rep.served + rep.late + rep.bad == n
+        else:
+            ok = rep.ok and rep.out_dim > 0 and len(rep.outputs) == n * rep.out_dim * 4
+        if not ok:
             log.warning("worker %s failed batch %d: %s", batch.worker_id, bid, rep.error)
             self._batch_failed(batch, now, worker_gone=False)
             return
@@ -409,10 +506,18 @@ class Router:
             with contextlib.suppress(ValueError):
                 route.core.set_gpu_free_at(batch.worker_id, now)
             self._kick(route)
-        size = rep.out_dim * 4
-        out = memoryview(rep.outputs)
         pending = self._pending
         st = self.stats
+        if direct:
+            # The worker answered every request itself (late ones DEADLINE).
+            st["ok"] += rep.served
+            st["late"] += rep.late
+            st["worker_bad"] += rep.bad
+            for rid in batch.rids:
+                pending.pop(rid, None)
+            return
+        size = rep.out_dim * 4
+        out = memoryview(rep.outputs)
         wid = batch.worker_id
         for i, rid in enumerate(batch.rids):
             p = pending.pop(rid, None)
@@ -423,7 +528,7 @@ class Router:
                 self._send(p[0], _LATE)
             else:
                 st["ok"] += 1
-                self._send(p[0], ok_bytes(bytes(out[i * size:(i + 1) * size]), wid))
+                self._send(p[0], ok_bytes(bytes(out[i * size : (i + 1) * size]), wid))
 
     def _on_batch_timeout(self, bid: int) -> None:
         """A batch not back in time. Its worker is presumed dead after two overdue
@@ -489,6 +594,7 @@ class Router:
         now = time.monotonic()
         w = route.workers.get(h.worker_id)
         route.slo_ns = int(h.slo_ms * 1e6)
+        route.in_bytes = 4 * h.in_dim
         if w is None:
             route.workers[h.worker_id] = _Worker(h, now)
             self._rebuild(route)
@@ -504,12 +610,12 @@ class Router:
         if h.max_batch != w.max_batch:
             return True
         old, new = w.a_ns + 8 * w.b_ns, h.a_ns + 8 * h.b_ns  # latency near a typical batch
-        return abs(new - old) > self.s.rebuild_drift * max(old, 1)
+        return abs(new - old) > max(self.s.rebuild_drift * old, self._floor)
 
     def _overhead_drifted(self, w: _Worker) -> bool:
         old, new = w.planned_over_ns, w.overhead()
         base = w.a_ns + 8 * w.b_ns + old
-        return abs(new - old) > self.s.rebuild_drift * max(base, 1)
+        return abs(new - old) > max(self.s.rebuild_drift * base, self._floor)
 
     def _rebuild(self, route: _Route) -> None:
         """A new core over the live workers (membership or profiles changed), carrying
@@ -553,19 +659,44 @@ class Router:
 # ---------------------------------------------------------------- command line
 
 
-def parse_args(argv: list[str] | None = None) -> RouterSettings:
-    p = argparse.ArgumentParser(prog="python -m inference.router",
-                                description="Mesh inference router (deadline batching)")
-    p.add_argument("--nats", default="nats://127.0.0.1:4222")
-    p.add_argument("--region", default="local")
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m inference.router", description="Mesh inference router (deadline batching)"
+    )
+    add_connection_args(p)
+    add_event_loop_arg(p)
     p.add_argument("--name", default="router")
     p.add_argument("--dispatch-lead-ms", type=float, default=2.0)
     p.add_argument("--reply-margin-ms", type=float, default=2.0)
     p.add_argument("--batch-slack-ms", type=float, default=50.0)
-    a = p.parse_args(argv)
-    return RouterSettings(url=a.nats, region=a.region, name=a.name,
-                          dispatch_lead_ms=a.dispatch_lead_ms,
-                          reply_margin_ms=a.reply_margin_ms, batch_slack_ms=a.batch_slack_ms)
+    p.add_argument(
+        "--answers",
+        choices=("direct", "router"),
+        default="direct",
+        help="who answers clients: the workers directly (default; a worker must "
+        "be allowed to publish to client inboxes) or the router",
+    )
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> RouterSettings:
+    p = _parser()
+    return _config(p, p.parse_args(argv))
+
+
+def _config(p: argparse.ArgumentParser, a: argparse.Namespace) -> RouterSettings:
+    c = connection_args(p, a)
+    return RouterSettings(
+        url=c.url,
+        region=c.region,
+        tls=c.tls,
+        inbox_prefix=c.inbox_prefix,
+        name=a.name,
+        dispatch_lead_ms=a.dispatch_lead_ms,
+        reply_margin_ms=a.reply_margin_ms,
+        batch_slack_ms=a.batch_slack_ms,
+        answers=a.answers,
+    )
 
 
 async def serve(settings: RouterSettings) -> None:
@@ -582,7 +713,9 @@ async def serve(settings: RouterSettings) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
-    asyncio.run(serve(parse_args(argv)))
+    p = _parser()
+    a = p.parse_args(argv)
+    run(serve(_config(p, a)), a.event_loop)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 import uuid
@@ -33,18 +34,33 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from inference.wire import (
+    BAD_REQUEST,
+    DEADLINE,
+    LATE_MESSAGE,
+    BatchDone,
     BatchReply,
     BatchRequest,
+    ConnectionArgs,
     WireError,
     WorkerHello,
-    decode,
+    add_connection_args,
+    add_event_loop_arg,
+    connection_args,
     encode,
+    error_bytes,
     hello_subject,
+    id_token,
+    ok_encoder,
+    parse_batch_request,
+    run,
     worker_subject,
 )
-from mesh.connect import close_quietly, connect
+from mesh.connect import ClientTls, close_quietly
 
 log = logging.getLogger("inference.worker")
+
+_LATE = error_bytes(DEADLINE, LATE_MESSAGE)
+_EXPIRED = error_bytes(DEADLINE, "deadline cannot be met: the batch reached the worker after it")
 
 IN_DIM = 32
 HIDDEN = 64
@@ -100,7 +116,10 @@ class NumpyRuntime:
         self.out_dim = model.out_dim
         self._row = model.in_dim * 4
 
-    async def run(self, inputs: tuple[bytes, ...]) -> bytes:
+    def fits(self, data: bytes) -> bool:
+        return len(data) == self._row
+
+    async def run(self, inputs: tuple[bytes, ...] | list[bytes]) -> bytes:
         blob = b"".join(inputs)
         if len(blob) != self._row * len(inputs) or any(len(i) != self._row for i in inputs):
             raise ValueError(f"every input must be {self.in_dim} float32 ({self._row} bytes)")
@@ -116,7 +135,10 @@ class ProfileRuntime:
         self.in_dim = in_dim
         self.out_dim = in_dim
 
-    async def run(self, inputs: tuple[bytes, ...]) -> bytes:
+    def fits(self, data: bytes) -> bool:
+        return not self.in_dim or len(data) == 4 * self.in_dim
+
+    async def run(self, inputs: tuple[bytes, ...] | list[bytes]) -> bytes:
         await asyncio.sleep((self.a_ns + self.b_ns * len(inputs)) / 1e9)
         return b"".join(inputs)
 
@@ -160,6 +182,8 @@ class LatencyFit:
 class WorkerConfig:
     url: str
     region: str = "local"
+    tls: ClientTls | None = None  # on a secure mesh: CA, client cert/key, inbox prefix
+    inbox_prefix: str = "_INBOX"
     model: str = "mlp"
     worker_id: str = ""
     runtime: str = "numpy"  # numpy | profile
@@ -185,7 +209,8 @@ class Worker:
         a_ns, b_ns = int(config.a_ms * 1e6), int(config.b_ms * 1e6)
         if config.runtime == "numpy":
             self.runtime: NumpyRuntime | ProfileRuntime = NumpyRuntime(
-                mlp(config.seed, in_dim=config.in_dim))
+                mlp(config.seed, in_dim=config.in_dim)
+            )
         elif config.runtime == "profile":
             self.runtime = ProfileRuntime(a_ns, b_ns, config.in_dim)
         else:
@@ -197,13 +222,23 @@ class Worker:
         self._sub = None
         self.batches = 0
         self.served = 0
+        self.late = 0
         self.bad = 0
+        self._ok = ok_encoder(self.worker_id)
+        self._bad_input = error_bytes(
+            BAD_REQUEST,
+            f"input: model {config.model} takes {self.runtime.in_dim} float32 "
+            f"({4 * self.runtime.in_dim} bytes)",
+        )
 
     async def start(self) -> Worker:
         if self.nc is None:
-            self.nc = await connect(self.config.url, name=f"infer-worker-{self.worker_id}")
+            c = self.config
+            conn = ConnectionArgs(c.url, c.region, c.tls, c.inbox_prefix)
+            self.nc = await conn.connect(f"infer-worker-{self.worker_id}")
         self._sub = await self.nc.subscribe(
-            worker_subject(self.config.region, self.worker_id), cb=self._on_batch)
+            worker_subject(self.config.region, self.worker_id), cb=self._on_batch
+        )
         await self.nc.flush()
         await self._hello()
         self._tasks.append(asyncio.create_task(self._hello_loop(), name="worker-hello"))
@@ -238,14 +273,22 @@ class Worker:
         a, b = self.fit.refit()
         c = self.config
         return WorkerHello(
-            worker_id=self.worker_id, model=c.model, gpu_type=c.gpu_type, a_ns=a, b_ns=b,
-            max_batch=c.max_batch, memory_bytes=c.memory_bytes, slo_ms=c.slo_ms,
-            interval_s=c.hello_interval_s, in_dim=self.runtime.in_dim, batches=self.batches,
-            stopping=stopping)
+            worker_id=self.worker_id,
+            model=c.model,
+            gpu_type=c.gpu_type,
+            a_ns=a,
+            b_ns=b,
+            max_batch=c.max_batch,
+            memory_bytes=c.memory_bytes,
+            slo_ms=c.slo_ms,
+            interval_s=c.hello_interval_s,
+            in_dim=self.runtime.in_dim,
+            batches=self.batches,
+            stopping=stopping,
+        )
 
     async def _hello(self, stopping: bool = False) -> None:
-        await self.nc.publish(hello_subject(self.config.region),
-                              encode(self.hello(stopping)))
+        await self.nc.publish(hello_subject(self.config.region), encode(self.hello(stopping)))
 
     async def _hello_loop(self) -> None:
         while True:
@@ -261,44 +304,122 @@ class Worker:
             self.bad += 1
             return
         try:
-            req = decode(BatchRequest, msg.data)
+            req = parse_batch_request(msg.data)
         except WireError as exc:
             self.bad += 1
             await msg.respond(encode(BatchReply(batch_id=0, ok=False, error=str(exc)[:1000])))
             return
-        if req.model != self.config.model or not req.inputs \
-                or len(req.inputs) > self.config.max_batch:
+        n = len(req.inputs)
+        problem = ""
+        if req.model != self.config.model or not n or n > self.config.max_batch:
+            problem = f"batch of {n} for {req.model!r} not servable here"
+        elif req.replies and not len(req.replies) == len(req.deadlines_unix_ns) == n:
+            problem = "replies and deadlines_unix_ns must have one entry per input"
+        if problem:
             self.bad += 1
-            await msg.respond(encode(BatchReply(
-                batch_id=req.batch_id, ok=False,
-                error=f"batch of {len(req.inputs)} for {req.model!r} not servable here")))
+            await msg.respond(encode(BatchReply(batch_id=req.batch_id, ok=False, error=problem)))
+            return
+        if req.replies:
+            await self._serve_direct(msg, req, t0)
             return
         try:
             out = await self.runtime.run(req.inputs)
         except ValueError as exc:
             self.bad += 1
-            await msg.respond(encode(BatchReply(batch_id=req.batch_id, ok=False,
-                                                error=str(exc)[:1000])))
+            await msg.respond(
+                encode(BatchReply(batch_id=req.batch_id, ok=False, error=str(exc)[:1000]))
+            )
             return
         exec_ns = time.perf_counter_ns() - t0
-        reply = encode(BatchReply(batch_id=req.batch_id, outputs=out,
-                                  out_dim=self.runtime.out_dim, exec_ns=exec_ns))
+        reply = encode(
+            BatchReply(
+                batch_id=req.batch_id, outputs=out, out_dim=self.runtime.out_dim, exec_ns=exec_ns
+            )
+        )
         await msg.respond(reply)
-        self.fit.add(len(req.inputs), time.perf_counter_ns() - t0)
+        self.fit.add(n, time.perf_counter_ns() - t0)
         self.batches += 1
-        self.served += len(req.inputs)
+        self.served += n
+
+    async def _serve_direct(self, msg: Msg, req: BatchRequest, t0: int) -> None:
+        """Run the batch and answer each client on its own reply subject: the result if
+        it is done by that request's deadline (this host's wall clock), else DEADLINE.
+        An input of the wrong size is answered BAD_REQUEST and not run. Then one small
+        BatchDone to the router, which keeps its plan and failure detection from it."""
+        fits = self.runtime.fits
+        inputs, replies, dls = req.inputs, req.replies, req.deadlines_unix_ns
+        idx = [i for i, x in enumerate(inputs) if fits(x)]
+        bad = len(inputs) - len(idx)
+        served = late = 0
+        out: list[tuple[str, bytes]] = []  # (reply subject, answer)
+        if bad:
+            out.extend((replies[i], self._bad_input) for i, x in enumerate(inputs) if not fits(x))
+        now = time.time_ns()
+        if idx and all(now > dls[i] for i in idx):
+            # Every deadline already passed (a batch delayed on its way, or re-sent):
+            # running it would serve no one.
+            out.extend((replies[i], _EXPIRED) for i in idx)
+            late = len(idx)
+        elif idx:
+            try:
+                res = await self.runtime.run([inputs[i] for i in idx] if bad else inputs)
+            except ValueError as exc:
+                self.bad += 1
+                await msg.respond(
+                    encode(BatchDone(batch_id=req.batch_id, ok=False, error=str(exc)[:1000]))
+                )
+                return
+            size = 4 * self.runtime.out_dim  # 0: an echo of inputs of any size
+            ok = self._ok
+            clock = time.time_ns
+            at = 0
+            for i in idx:
+                end = at + (size or len(inputs[i]))
+                # judged answer by answer: the last of a large batch leaves a little later
+                if clock() <= dls[i]:
+                    served += 1
+                    out.append((replies[i], ok(res[at:end])))
+                else:
+                    late += 1
+                    out.append((replies[i], _LATE))
+                at = end
+        publish = self.nc.publish
+        for subject, data in out:
+            try:
+                await publish(subject, data)
+            except Exception as exc:  # a bad reply subject, or the connection going
+                log.debug("answer to %r not sent: %s", subject[:80], exc)
+        exec_ns = time.perf_counter_ns() - t0
+        await msg.respond(
+            encode(
+                BatchDone(batch_id=req.batch_id, served=served, late=late, bad=bad, exec_ns=exec_ns)
+            )
+        )
+        if idx:
+            self.fit.add(len(idx), exec_ns)
+        self.batches += 1
+        self.served += served
+        self.late += late
+        self.bad += bad
 
 
 # ---------------------------------------------------------------- command line
 
 
-def parse_args(argv: list[str] | None = None) -> WorkerConfig:
-    p = argparse.ArgumentParser(prog="python -m inference.worker",
-                                description="Mesh inference worker (numpy or profile runtime)")
-    p.add_argument("--nats", default="nats://127.0.0.1:4222")
-    p.add_argument("--region", default="local")
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m inference.worker",
+        description="Mesh inference worker (numpy or profile runtime)",
+    )
+    add_connection_args(p)
+    add_event_loop_arg(p)
     p.add_argument("--model", default="mlp")
-    p.add_argument("--worker-id", default="")
+    p.add_argument(
+        "--worker-id",
+        default=os.environ.get("MESH_TASK_ID") or "",
+        help="default: $MESH_TASK_ID (the agent sets it for each task) made a "
+        "subject token ('.' -> '-'), else random",
+    )
     p.add_argument("--runtime", choices=("numpy", "profile"), default="numpy")
     p.add_argument("--gpu-type", default="cpu")
     p.add_argument("--a-ms", type=float, default=0.2, help="declared fixed cost per batch")
@@ -309,12 +430,38 @@ def parse_args(argv: list[str] | None = None) -> WorkerConfig:
     p.add_argument("--hello-interval", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--in-dim", type=int, default=IN_DIM)
-    a = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> WorkerConfig:
+    p = _parser()
+    return _config(p, p.parse_args(argv))
+
+
+def _config(p: argparse.ArgumentParser, a: argparse.Namespace) -> WorkerConfig:
+    c = connection_args(p, a)
+    try:
+        worker_id = id_token(a.worker_id) if a.worker_id else ""
+    except ValueError as exc:
+        p.error(str(exc))
     return WorkerConfig(
-        url=a.nats, region=a.region, model=a.model, worker_id=a.worker_id, runtime=a.runtime,
-        gpu_type=a.gpu_type, a_ms=a.a_ms, b_ms=a.b_ms, max_batch=a.max_batch,
-        slo_ms=a.slo_ms, memory_bytes=a.memory_bytes, hello_interval_s=a.hello_interval,
-        seed=a.seed, in_dim=a.in_dim)
+        url=c.url,
+        region=c.region,
+        tls=c.tls,
+        inbox_prefix=c.inbox_prefix,
+        model=a.model,
+        worker_id=worker_id,
+        runtime=a.runtime,
+        gpu_type=a.gpu_type,
+        a_ms=a.a_ms,
+        b_ms=a.b_ms,
+        max_batch=a.max_batch,
+        slo_ms=a.slo_ms,
+        memory_bytes=a.memory_bytes,
+        hello_interval_s=a.hello_interval,
+        seed=a.seed,
+        in_dim=a.in_dim,
+    )
 
 
 async def serve(config: WorkerConfig) -> None:
@@ -326,13 +473,18 @@ async def serve(config: WorkerConfig) -> None:
     print(f"worker {worker.worker_id} serving {config.model} ({config.runtime})", flush=True)
     await stop.wait()
     await worker.stop()
-    print(f"worker {worker.worker_id} stopped: batches={worker.batches} "
-          f"served={worker.served} bad={worker.bad}", flush=True)
+    print(
+        f"worker {worker.worker_id} stopped: batches={worker.batches} "
+        f"served={worker.served} late={worker.late} bad={worker.bad}",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
-    asyncio.run(serve(parse_args(argv)))
+    p = _parser()
+    a = p.parse_args(argv)
+    run(serve(_config(p, a)), a.event_loop)
 
 
 if __name__ == "__main__":
