@@ -11,6 +11,13 @@ runs NATS with TLS, verified client certificates and per-identity permissions; t
 coordinators sign assignments with the region's key and the agents verify them.
 `secure=False` (`mesh up --insecure`) runs all of it without TLS or permissions.
 `nats_servers=3` clusters three servers on loopback, with streams of three replicas.
+
+`inference_workers=N` adds an inference router process beside the coordinators (identity
+`router:main`) and, once the region is ready, deploys the numpy model as an ordinary job
+of N CPU worker replicas, pinned to this machine's agent: the coordinator places them
+and the agent runs them as tasks. The agent holds a worker identity (`worker:NODE`,
+copied into `<state-dir>/task-identity`, with no other key beside it) and hands its files
+to the tasks that ask for it. See docs/inference_deploy.md.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.service import default_node_id
+from mesh.cli import infer
 from mesh.cli.certs import fleet_node_ids
 from mesh.cli.context import DEFAULT_USER, Context
 from mesh.client import MeshClient
@@ -37,6 +45,8 @@ from mesh.server import EmbeddedServer, ServerConfig, TlsFiles, free_port
 from mesh.streams import ensure_streams
 
 FLEET_PREFIX = "hollow"
+ROUTER_NAME = "main"
+TASK_IDENTITY_DIR = "task-identity"
 
 
 @dataclass
@@ -53,6 +63,7 @@ class LocalMeshConfig:
     secure: bool = True  # TLS, client certificates, permissions, signed assignments
     nats_servers: int = 1  # 3: a cluster on loopback, streams with 3 replicas
     user: str = DEFAULT_USER  # the identity the CLI (and `wait_ready`) acts as
+    inference_workers: int = 0  # > 0: a router, and the numpy model on N local workers
 
 
 class LocalMesh:
@@ -91,9 +102,11 @@ class LocalMesh:
 
     def _identities(self) -> list[Identity]:
         c = self.config
-        wanted = [Identity.coordinator(), Identity.user(c.user)]
+        wanted = [Identity.coordinator(), Identity.user(c.user), Identity.router(ROUTER_NAME)]
         if c.real_agent:
-            wanted.append(Identity.agent(self.node_id))
+            # The worker identity is issued whether or not this run serves a model, so a
+            # later `mesh model deploy` finds an agent that can hand it to its workers.
+            wanted += [Identity.agent(self.node_id), Identity.worker(self.node_id)]
         if c.sim_nodes:
             wanted.append(Identity.fleet(FLEET_PREFIX))
         return wanted
@@ -108,6 +121,29 @@ class LocalMesh:
             pki.ensure(d, ident)
         ca, cert, key = pki.server_files(d)
         return TlsFiles(str(ca), str(cert), str(key))
+
+    def _task_identity_dir(self) -> Path:
+        """The worker identity's files, apart from every other key in the certificate
+        directory: what an operator would ship to a node (and make readable by its
+        `--run-as` user). Refreshed on every start."""
+        assert self.certs_dir is not None
+        ident = Identity.worker(self.node_id)
+        d = self.config.state_dir / TASK_IDENTITY_DIR
+        d.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(d, 0o700)
+        for src, mode in (
+            (self.certs_dir / "ca.crt", 0o644),
+            (ident.cert_path(self.certs_dir), 0o644),
+            (ident.key_path(self.certs_dir), 0o600),
+        ):
+            dst = d / src.name
+            tmp = dst.with_suffix(dst.suffix + ".tmp")
+            tmp.unlink(missing_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            with os.fdopen(fd, "wb") as out:
+                out.write(src.read_bytes())
+            tmp.replace(dst)
+        return d
 
     def _server_configs(self) -> list[ServerConfig]:
         c = self.config
@@ -141,8 +177,6 @@ class LocalMesh:
         ]
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-        logs = self.config.state_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
         security = ["--certs", str(self.certs_dir)] if self.certs_dir else ["--insecure"]
         cmd = [
             sys.executable,
@@ -157,8 +191,17 @@ class LocalMesh:
             *security,
             *args,
         ]
+        return self._spawn_command(name, cmd)
+
+    def _spawn_command(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        logs = self.config.state_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.config.extra_env}
-        env.pop("MESH_INSECURE", None)  # the flags above say which
+        # The flags say how to connect; a stray variable must not (the inference
+        # processes read MESH_TLS_* and MESH_INBOX_PREFIX when a flag is absent).
+        for var in ("MESH_INSECURE", "MESH_TLS_CA", "MESH_TLS_CERT", "MESH_TLS_KEY"):
+            env.pop(var, None)
+        env.pop("MESH_INBOX_PREFIX", None)
         with open(logs / f"{name}.log", "ab") as out:
             proc = subprocess.Popen(
                 cmd,
@@ -181,10 +224,15 @@ class LocalMesh:
         if self.certs_dir is not None or len(self.servers) > 1:
             self._create_streams()
         verify = []
+        task_identity: list[str] = []
         if self.certs_dir is not None:
             verify = ["--verify-key", str(pki.verify_key_path(self.certs_dir))]
+            if c.real_agent:
+                task_identity = ["--task-identity", str(self._task_identity_dir().resolve())]
         for i in range(1, c.candidates + 1):
             self.start_coordinator(f"coordinator-{i}")
+        if c.inference_workers:
+            self.start_router()
         if c.real_agent:
             self._spawn(
                 "agent",
@@ -195,7 +243,11 @@ class LocalMesh:
                     "--data-dir",
                     str(c.state_dir / "agent"),
                     "--kill-tasks-on-exit",
+                    # `mesh model deploy` and --inference-workers pin work to this node.
+                    "--label",
+                    f"{infer.NODE_LABEL}={self.node_id}",
                     *verify,
+                    *task_identity,
                     # Tasks run as whoever ran `mesh up`, who can submit them anyway (the
                     # CA and the user certificate are theirs): no privilege is crossed.
                     *(["--allow-root"] if os.geteuid() == 0 else []),
@@ -238,6 +290,32 @@ class LocalMesh:
         # start() may be called from inside a running loop (`mesh up`): a thread of its own
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pool.submit(asyncio.run, create()).result()
+
+    def start_router(self) -> subprocess.Popen[bytes]:
+        """The inference router, a process of its own beside the coordinators. It answers
+        the clients itself (`--answers router`): a worker then only replies to the
+        router's batches, which is all the worker identity may do (see
+        docs/inference_deploy.md)."""
+        cmd = [sys.executable, "-m", "inference.router", "--nats", self.url]
+        cmd += ["--region", self.config.region, "--name", ROUTER_NAME, "--answers", "router"]
+        tls = self.tls(Identity.router(ROUTER_NAME))
+        if tls is not None:
+            cmd += ["--tls-ca", tls.ca, "--tls-cert", tls.cert, "--tls-key", tls.key]
+            cmd += ["--inbox-prefix", tls.inbox_prefix]
+        return self._spawn_command("router", cmd)
+
+    async def deploy_inference(self, timeout: float = 90.0) -> str:
+        """Serve the numpy model on this machine's agent with `inference_workers`
+        replicas; returns once a request is answered (see `infer.deploy_local_pool`)."""
+        spec = infer.local_pool_spec(self.config.inference_workers, self.node_id)
+        nc = await connect(self.url, name="mesh-up", **self.client_options())
+        try:
+            client = MeshClient(nc, self.config.region, timeout=5.0)
+            return await infer.deploy_local_pool(
+                client, nc, spec, timeout=timeout, check=self.check_children
+            )
+        finally:
+            await close_quietly(nc)
 
     def start_coordinator(self, name: str) -> subprocess.Popen[bytes]:
         args = ["coordinator", "--id", name, "--lease-ttl", str(self.config.lease_ttl)]

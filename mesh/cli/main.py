@@ -18,12 +18,13 @@ from typing import Any
 
 from coordinator.pools import parse_pool_tree
 from mesh import logs
-from mesh.cli import certs, load, render
+from mesh.cli import certs, infer, load, render
 from mesh.cli.context import Context, load_context, mesh_home, save_context
 from mesh.client import MeshClient
-from mesh.connect import TlsConfigError, close_quietly, connect
+from mesh.connect import ClientTls, TlsConfigError, close_quietly, connect
 from mesh.schema import ApiError, ErrorCode
 from mesh.security.identity import Identity, IdentityError
+from workloads.model import parse_model_spec
 from workloads.quantity import SpecError
 from workloads.spec import parse_job_spec
 
@@ -70,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[1, 3],
         help="NATS servers clustered on loopback (3: streams with 3 replicas)",
     )
+    up.add_argument(
+        "--inference-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also start an inference router and serve the numpy model with N CPU "
+        "worker replicas, placed by the coordinator on this machine's agent",
+    )
 
     demo = sub.add_parser("demo", help="start a throwaway region, run sample jobs, summarise")
     demo.add_argument("--sim-nodes", type=int, default=4)
@@ -92,6 +101,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="coordinator's Ed25519 public key: refuse assignments whose signature fails",
     )
     ag.add_argument("--limits", default="auto", choices=["auto", "cgroup", "rlimit", "none"])
+    ag.add_argument(
+        "--task-identity",
+        metavar="DIR",
+        help="where the worker identity's files are (DIR/ca.crt, DIR/worker-NAME.crt and "
+        ".key): handed to tasks that ask for it (inference workers), never the agent's own",
+    )
+    ag.add_argument(
+        "--task-identity-name",
+        metavar="NAME",
+        help="with --task-identity: the worker identity's name (default: the node id)",
+    )
     ag.add_argument(
         "--simulate",
         type=int,
@@ -118,6 +138,28 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--id", dest="candidate_id", default=None)
     co.add_argument("--lease-ttl", type=float, default=2.0)
     co.add_argument("--replicas", type=int, default=1, help="replicas of the region's streams")
+    co.add_argument(
+        "--suspect-after",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="a node silent this long gets no new placements",
+    )
+    co.add_argument(
+        "--down-after",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a node silent this long is down: its tasks are LOST and placed again",
+    )
+    co.add_argument(
+        "--starve-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a gang that has waited this long holds the line until it fits (starvation "
+        "guard; default 30)",
+    )
     co.add_argument(
         "--signing-key", metavar="PEM", help="Ed25519 private key: sign every assignment"
     )
@@ -166,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     load.add_parser(sub)
     certs.add_parser(sub)
+    infer.add_parsers(sub)
     return p
 
 
@@ -201,6 +244,16 @@ def main(argv: list[str] | None = None) -> int:
                 summary = load.describe(args.workload)
                 _out(args, summary, load.workload_line(summary))
                 return EXIT_OK
+        if args.cmd in ("model", "infer"):
+            problem = infer.check_args(args)
+            if problem is not None:
+                print(f"mesh {args.cmd}: {problem}", file=sys.stderr)
+                return EXIT_USAGE
+            if args.cmd == "model" and args.model_cmd == "deploy":
+                text = _read_checked(args.file, parse_model_spec)
+                if text is None:
+                    return EXIT_USAGE
+                args.model_spec = parse_model_spec(text)
         return asyncio.run(_client_command(args, ctx))
     except KeyboardInterrupt:
         return 130
@@ -224,8 +277,16 @@ def _up(args: argparse.Namespace, ctx: Context) -> int:
             log_level=args.log_level,
             secure=not (args.insecure or args.up_insecure),
             nats_servers=args.nats_cluster,
+            inference_workers=args.inference_workers,
         )
     )
+    if args.inference_workers < 0 or (args.inference_workers and args.no_agent):
+        print(
+            "mesh up: --inference-workers must be 0 or more, and needs this machine's agent "
+            "(not --no-agent) to run the workers",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     stop = asyncio.Event()
 
     async def run() -> int:
@@ -234,12 +295,20 @@ def _up(args: argparse.Namespace, ctx: Context) -> int:
             loop.add_signal_handler(sig, stop.set)
         mesh.start()
         info = await mesh.wait_ready()
+        inference_job = await mesh.deploy_inference() if args.inference_workers else None
         path = save_context(mesh.context())
         print(
             f"mesh is up: {mesh.url} (region {ctx.region}, leader {info['leader']}, "
             f"{info['nodes'].get('ready', 0)} nodes, "
             f"{'TLS, certificates in ' + str(mesh.certs_dir) if mesh.certs_dir else 'INSECURE'})"
         )
+        if inference_job is not None:
+            print(
+                f"inference: router up; model {infer.DEFAULT_MODEL} served by "
+                f"{args.inference_workers} worker{'s' if args.inference_workers > 1 else ''} "
+                f"(job {inference_job}); "
+                f"try `mesh infer load --rate 500`"
+            )
         print(f"context written to {path}; logs in {state_dir / 'logs'}; Ctrl-C stops it all")
         while not stop.is_set():
             try:
@@ -295,6 +364,10 @@ async def _agent(args: argparse.Namespace, ctx: Context) -> int:
             print(f"--label {item!r}: expected KEY=VALUE", file=sys.stderr)
             return EXIT_USAGE
         labels[key] = value
+    task_tls = None
+    if args.task_identity:
+        name = args.task_identity_name or node_id
+        task_tls = ClientTls.for_identity(Path(args.task_identity).resolve(), Identity.worker(name))
     agent = Agent(
         AgentConfig(
             nats_url=ctx.url,
@@ -309,6 +382,7 @@ async def _agent(args: argparse.Namespace, ctx: Context) -> int:
             verify_key=args.verify_key,
             limits=args.limits,
             tls=ctx.tls(Identity.agent(node_id)),
+            task_tls=task_tls if ctx.certs else None,
         )
     )
     await agent.start()
@@ -320,7 +394,19 @@ async def _agent(args: argparse.Namespace, ctx: Context) -> int:
 
 
 async def _coordinator(args: argparse.Namespace, ctx: Context) -> int:
+    from coordinator.scheduling import PlacementConfig
     from coordinator.service import Coordinator, CoordinatorConfig
+
+    if not 0 < args.suspect_after <= args.down_after:
+        print("--suspect-after must be > 0 and <= --down-after", file=sys.stderr)
+        return EXIT_USAGE
+    placement = PlacementConfig()
+    if args.starve_after is not None:
+        try:
+            placement = PlacementConfig(starve_after_s=args.starve_after)
+        except ValueError as exc:
+            print(f"--starve-after: {exc}", file=sys.stderr)
+            return EXIT_USAGE
 
     coord = Coordinator(
         CoordinatorConfig(
@@ -330,6 +416,9 @@ async def _coordinator(args: argparse.Namespace, ctx: Context) -> int:
             lease_ttl=args.lease_ttl,
             signing_key=args.signing_key,
             replicas=args.replicas,
+            placement=placement,
+            suspect_after=args.suspect_after,
+            down_after=args.down_after,
             connect_options=ctx.connect_options(Identity.coordinator()),
         )
     )
@@ -363,6 +452,8 @@ async def _client_command(args: argparse.Namespace, ctx: Context) -> int:
         return EXIT_UNREACHABLE
     client = MeshClient(nc, ctx.region)
     try:
+        if args.cmd == "infer":
+            return await _infer(args, client, ctx.url, options.get("tls"))
         return await _dispatch(args, client)
     except ApiError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
@@ -395,6 +486,15 @@ async def _dispatch(args: argparse.Namespace, client: MeshClient) -> int:
         return await _job(args, client)
     if args.cmd == "pool":
         return await _pool(args, client)
+    if args.cmd == "model":
+        if args.model_cmd == "deploy":
+            job_id = await infer.deploy(client, args.model_spec, client_id=args.client_id)
+            _out(args, {"job_id": job_id, "model": args.model_spec.name}, job_id)
+            return EXIT_OK
+        rows = await infer.model_jobs(client, active_only=not args.all, limit=args.limit)
+        data = [{"model": name, **job} for name, job in rows]
+        _out(args, data, infer.models_table(rows))
+        return EXIT_OK
     if args.cmd == "node":
         if args.node_cmd == "list":
             nodes = await client.nodes()
@@ -407,6 +507,42 @@ async def _dispatch(args: argparse.Namespace, client: MeshClient) -> int:
     human = "\n".join(f"{k:10} {v}" for k, v in info.items() if k != "ok")
     _out(args, info, human)
     return EXIT_OK
+
+
+async def _infer(
+    args: argparse.Namespace, client: MeshClient, url: str, tls: ClientTls | None
+) -> int:
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+
+    if args.infer_cmd == "load":
+        result = await infer.run_load(args, url, client.region, tls)
+        _out(args, result, infer.load_line(result))
+        return EXIT_OK if result["good"] else EXIT_FAILED
+    values = getattr(args, "values", None) or [0.0] * infer.MLP_IN_DIM
+    timeout = args.deadline_ms / 1000 + 5.0
+    try:
+        reply = await infer.request_once(
+            client.nc, client.region, args.model, values, args.deadline_ms, timeout
+        )
+    except NoRespondersError:
+        print(
+            "no inference router answers in this region "
+            "(start one: `mesh up --inference-workers N`)",
+            file=sys.stderr,
+        )
+        return EXIT_UNREACHABLE
+    except NatsTimeout:
+        print(f"no answer in {timeout:g}s", file=sys.stderr)
+        return EXIT_FAILED
+    if reply["ok"]:
+        human = f"{' '.join(f'{x:.6g}' for x in reply['output'])}  (worker {reply['worker']})"
+        _out(args, reply, human)
+        return EXIT_OK
+    if args.json:
+        _out(args, reply, "")
+    print(f"error: {reply['error']['code']}: {reply['error']['message']}", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def _read_checked(path: str, check) -> str | None:

@@ -9,6 +9,12 @@ server maps it to (`verify_and_map`) is `CN=<common name>`:
 | the agent of NODE | `agent:NODE`   | agent-NODE.crt, agent-NODE.key   | `_INBOX.agent.NODE`   |
 | a hollow fleet    | `fleet:PREFIX` | fleet-PREFIX.crt, ...            | `_INBOX.fleet.PREFIX` |
 | a user NAME       | `user:NAME`    | user-NAME.crt, user-NAME.key     | `_INBOX.user.NAME`    |
+| inference router  | `router:NAME`  | router-NAME.crt, router-NAME.key | `_INBOX.router.NAME`  |
+| inference workers | `worker:NAME`  | worker-NAME.crt, worker-NAME.key | `_INBOX.worker.NAME`  |
+
+A `worker` identity is not a process's own: an agent holds one (`mesh agent
+--task-identity DIR`, named after its node by default) and hands its files to the tasks
+that ask for it (inference workers), never its own `agent:NODE` key.
 
 Each identity receives replies only on its own inbox prefix: with the default shared
 `_INBOX.>` any client could subscribe to every reply, including the assignments the
@@ -23,7 +29,8 @@ from pathlib import Path
 from mesh import subjects
 
 AGENT, FLEET, USER, COORDINATOR = "agent", "fleet", "user", "coordinator"
-KINDS = (AGENT, FLEET, USER, COORDINATOR)
+ROUTER, WORKER = "router", "worker"  # inference: the router, and the workers agents run
+KINDS = (AGENT, FLEET, USER, COORDINATOR, ROUTER, WORKER)
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
 SERVER_CERT, SERVER_KEY = "server.crt", "server.key"
 
@@ -66,8 +73,17 @@ class Identity:
         return cls(COORDINATOR)
 
     @classmethod
+    def router(cls, name: str) -> Identity:
+        return cls(ROUTER, name)
+
+    @classmethod
+    def worker(cls, name: str) -> Identity:
+        return cls(WORKER, name)
+
+    @classmethod
     def parse(cls, common_name: str) -> Identity:
-        """`coordinator`, `agent:NODE`, `fleet:PREFIX` or `user:NAME`."""
+        """`coordinator`, `agent:NODE`, `fleet:PREFIX`, `user:NAME`, `router:NAME` or
+        `worker:NAME`."""
         if common_name == COORDINATOR:
             return cls.coordinator()
         kind, sep, name = common_name.partition(":")

@@ -13,6 +13,11 @@ the assignment stream is limited to the API calls of its own durable consumer:
   `CONSUMER.DURABLE.CREATE...`) are not granted.
 
 Replies come back on the identity's own inbox prefix (see `mesh.security.identity`).
+
+Inference (docs/inference_deploy.md): a `router` takes client requests and sends batches
+to workers; a `worker` (the identity an agent hands to the inference tasks it runs)
+announces itself and answers batches. Neither may touch the API, JetStream, node state
+or assignments; users may send inference requests besides calling the API.
 """
 
 from __future__ import annotations
@@ -21,7 +26,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from mesh import subjects
-from mesh.security.identity import AGENT, COORDINATOR, FLEET, USER, Identity, IdentityError
+from mesh.security.identity import (
+    AGENT,
+    COORDINATOR,
+    FLEET,
+    ROUTER,
+    USER,
+    WORKER,
+    Identity,
+    IdentityError,
+)
 from mesh.server import UserPermission
 
 JS_API = "$JS.API"
@@ -50,6 +64,18 @@ def _any_last(subject: str) -> str:
 def fleet_consumer(prefix: str) -> str:
     """The durable consumer of a hollow fleet (agent.link.FleetFeed names it so)."""
     return f"fleet_{subjects.token(prefix, 'fleet prefix')}"
+
+
+def infer_hello(region: str) -> str:
+    """Where inference workers announce themselves. `mesh/` may not import `inference/`,
+    so the router<->worker subjects are mirrored here from `inference.wire`, and a test
+    pins the two together (they belong in `mesh.subjects`, beside `infer`)."""
+    return f"mesh.{subjects.token(region, 'region')}.infer_hello"
+
+
+def infer_worker_all(region: str) -> str:
+    """Every worker's batch subject, `mesh.<r>.infer_worker.<worker id>`."""
+    return f"mesh.{subjects.token(region, 'region')}.infer_worker.*"
 
 
 def _streams(region: str) -> list[str]:
@@ -123,8 +149,24 @@ def permissions(region: str, identity: Identity, *, fleet_nodes: Sequence[str] =
             publish=(
                 _all_under(subjects.api(r, "x")),
                 _any_last(subjects.task_logs(r, "x")),  # `mesh job logs` asks the agent
+                _any_last(subjects.infer(r, "x")),  # inference requests to the router
             ),
             subscribe=(inbox,),
+        )
+    if identity.kind == WORKER:
+        # One identity serves every worker an agent runs, so it may take any worker's
+        # batches: worker ids are chosen by the tasks, and NATS cannot grant a subject by
+        # prefix within a token. See docs/security.md ("inference").
+        return Permissions(
+            publish=(infer_hello(r),),
+            subscribe=(infer_worker_all(r), inbox),
+            allow_responses=True,  # batch results go to the router's reply inbox
+        )
+    if identity.kind == ROUTER:
+        return Permissions(
+            publish=(infer_worker_all(r),),  # batches; answers go out as responses
+            subscribe=(_any_last(subjects.infer(r, "x")), infer_hello(r), inbox),
+            allow_responses=True,  # one answer to each client request
         )
     if identity.kind == COORDINATOR:
         return Permissions(

@@ -161,3 +161,102 @@ def test_server_config_renders_tls_and_users():
     assert "allow_responses: true" in text
     with pytest.raises(ServerError):
         ServerConfig(users=users).render()  # users without TLS
+
+
+# ---------------------------------------------------------------- inference identities
+
+W, RT = Identity.worker("node-a"), Identity.router("main")
+
+
+def _nothing_of_the_control_plane(p) -> None:
+    for subject in (
+        subjects.api(R, "job.submit"),
+        subjects.api(R, "pool.apply"),
+        subjects.leader_api(R, "job.submit"),
+        subjects.state(R, "node-a"),
+        subjects.events(R, "node-a"),
+        subjects.assign(R, "node-a"),
+        subjects.job_log(R),
+        subjects.task_logs(R, "node-a"),
+        f"$JS.API.STREAM.INFO.{S}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{S}.{subjects.agent_consumer('node-a')}",
+        f"$KV.{subjects.lease_bucket(R)}.{subjects.LEADER_KEY}",
+    ):
+        assert not allowed(p.publish, subject), subject
+    for subject in (
+        subjects.assign(R, "node-a"),
+        subjects.state(R, "node-a"),
+        subjects.api(R, "job.submit"),
+        subjects.task_logs(R, "node-a"),
+        "_INBOX.abc",
+        "_INBOX.user.admin.x",
+        "_INBOX.agent.node-a.x",
+        "_INBOX.coordinator.x",
+    ):
+        assert not allowed(p.subscribe, subject), subject
+
+
+def test_worker_announces_and_answers_batches_only():
+    from inference.wire import hello_subject, infer_subject, worker_subject
+
+    p = permissions(R, W)
+    assert allowed(p.publish, hello_subject(R))
+    assert allowed(p.subscribe, worker_subject(R, "mlp-1234-worker-0"))
+    assert p.allow_responses  # its batch results go to the router's inbox as replies
+    assert allowed(p.subscribe, "_INBOX.worker.node-a.x")
+    assert not allowed(p.subscribe, "_INBOX.router.main.x")  # nor the router's replies
+    _nothing_of_the_control_plane(p)
+    # It neither takes client requests (posing as a router) nor sends them or batches.
+    assert not allowed(p.subscribe, infer_subject(R, "mlp"))
+    assert not allowed(p.publish, infer_subject(R, "mlp"))
+    assert not allowed(p.publish, worker_subject(R, "w2"))
+    assert not allowed(p.publish, hello_subject("other"))
+    assert not allowed(p.subscribe, worker_subject("other", "w2"))
+
+
+def test_router_takes_requests_and_sends_batches_only():
+    from inference.wire import hello_subject, infer_all, infer_subject, worker_subject
+
+    p = permissions(R, RT)
+    assert allowed(p.subscribe, infer_subject(R, "mlp")) and infer_all(R) in p.subscribe
+    assert allowed(p.subscribe, hello_subject(R))
+    assert allowed(p.publish, worker_subject(R, "w1"))
+    assert allowed(p.subscribe, "_INBOX.router.main.7")  # batch results
+    assert p.allow_responses  # one answer per client request
+    _nothing_of_the_control_plane(p)
+    assert not allowed(p.publish, hello_subject(R))  # it cannot invent workers
+    assert not allowed(p.publish, infer_subject(R, "mlp"))
+    assert not allowed(p.subscribe, worker_subject(R, "w1"))  # nor take batches
+    assert not allowed(p.subscribe, infer_subject("other", "mlp"))
+
+
+def test_user_may_ask_for_inference_but_not_serve_it():
+    from inference.wire import hello_subject, infer_subject, worker_subject
+
+    p = permissions(R, Identity.user("alice"))
+    assert allowed(p.publish, infer_subject(R, "mlp"))
+    assert not allowed(p.publish, infer_subject("other", "mlp"))
+    assert not allowed(p.publish, hello_subject(R))
+    assert not allowed(p.publish, worker_subject(R, "w1"))
+    assert not allowed(p.subscribe, infer_subject(R, "mlp"))
+
+
+def test_control_plane_identities_have_nothing_of_inference():
+    from inference.wire import hello_subject, infer_subject, worker_subject
+
+    for ident in (A, Identity.fleet("sim"), Identity.coordinator()):
+        p = permissions(R, ident, fleet_nodes=fleet_node_ids("sim", 1))
+        for subject in (hello_subject(R), worker_subject(R, "w1"), infer_subject(R, "m")):
+            assert not allowed(p.publish, subject), (ident, subject)
+            assert not allowed(p.subscribe, subject), (ident, subject)
+
+
+def test_inference_identities_round_trip():
+    for ident in (W, RT):
+        assert Identity.parse(ident.common_name) == ident
+        assert ident.inbox_prefix == f"_INBOX.{ident.kind}.{ident.name}"
+    for bad in ("worker:", "router:a.b", "worker:*"):
+        with pytest.raises(IdentityError):
+            Identity.parse(bad)
+    users = {u.user: u for u in server_users(R, [W, RT])}
+    assert set(users) == {"CN=worker:node-a", "CN=router:main"}
