@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coordinator.cluster import DOWN, READY, NodeView
+from coordinator.placement import Placement, Snapshot
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
-from coordinator.scheduling import PlacementConfig, place_jobs, window
-from coordinator.state import HOLDING, RegionState
+from coordinator.scheduling import PlacementConfig, place_jobs, snapshot, window
+from coordinator.state import HOLDING, JobRecord, RegionState
 from mesh.schema import LogEvent, TaskEvent, TaskPlaced, TaskUpdated
 from workloads.lifecycle import ENDED, FINAL, TaskState
 from workloads.resources import Resources
@@ -255,28 +256,54 @@ def _place_waiting(
     if idle is not None and idle[0] == idle_key:
         d.unplaced.update(idle[1])
         return
-    looked, cursor = window(waiting, state.memo.get("window_cursor", 0), config.window_jobs)
+    # A long queue is looked at one window per round. A window where nothing could be
+    # placed says nothing of the next, so go on to the next at once, on the same figures
+    # and snapshot (nothing changed), until something is placed, the whole queue has been
+    # looked at, or `windows_per_round` windows were; only a whole queue with nothing
+    # placed makes the round idle. (Else a 100,000-job queue took a window per wake-up.)
+    snap = snapshot(ready, state)
+    cursor = state.memo.get("window_cursor", 0)
+    rest = len(waiting) - config.window_jobs  # the rotating part: the head is in each
+    covered = 0
+    for _ in range(config.windows_per_round):
+        looked, cursor = window(waiting, cursor, config.window_jobs)
+        covered = len(waiting) if len(looked) == len(waiting) else covered + config.window_jobs
+        why, placed = _place_window(state, ready, snap, looked, d.pools, now, config)
+        d.unplaced.update(why)
+        if placed or covered >= rest:
+            break
     state.memo["window_cursor"] = cursor
-    waiting = looked
-    admitted, blocked = admitted_jobs(state, d.pools, waiting)
+    for p in placed:
+        t = state.tasks[p.task_id]
+        d.events.append(TaskPlaced(t.job_id, p.task_id, t.attempt + 1, p.node_id, now, p.gpu_uuids))
+    if not placed and covered >= rest:
+        state.memo["placement_idle"] = (idle_key, dict(d.unplaced))
+
+
+def _place_window(
+    state: RegionState,
+    ready: list[NodeView],
+    snap: Snapshot,
+    waiting: list[JobRecord],
+    pools: PoolView,
+    now: float,
+    config: PlacementConfig,
+) -> tuple[dict[str, str], tuple[Placement, ...]]:
+    """Admission and placement for one window of the queue: why jobs wait, what placed."""
+    admitted, blocked = admitted_jobs(state, pools, waiting)
     if not admitted:
-        d.unplaced.update(blocked)
-        return
-    result = place_jobs(state, ready, [j for j in waiting if j.job_id in admitted], now, config)
+        return blocked, ()
+    result = place_jobs(
+        state, ready, [j for j in waiting if j.job_id in admitted], now, config, snap
+    )
     misfits = frozenset(j for j in result.unplaced if j in admitted)
     if misfits and blocked and not result.line_held_by:
         # Admitted gangs that fit no node hold no budget: admit again without them,
         # so the jobs behind them in their pool can use what they could not.
-        again, still_blocked = admitted_jobs(state, d.pools, waiting, misfits)
+        again, still_blocked = admitted_jobs(state, pools, waiting, misfits)
         if again - admitted:
             why = {j: result.unplaced[j] for j in misfits}
             jobs = [j for j in waiting if j.job_id in again]
-            result = place_jobs(state, ready, jobs, now, config)
+            result = place_jobs(state, ready, jobs, now, config, snap)
             blocked = {j: r for j, r in still_blocked.items() if j not in misfits} | why
-    d.unplaced.update(blocked)
-    for p in result.placed:
-        t = state.tasks[p.task_id]
-        d.events.append(TaskPlaced(t.job_id, p.task_id, t.attempt + 1, p.node_id, now, p.gpu_uuids))
-    d.unplaced.update(result.unplaced)
-    if not result.placed:
-        state.memo["placement_idle"] = (idle_key, dict(d.unplaced))
+    return {**blocked, **result.unplaced}, result.placed

@@ -37,11 +37,14 @@ class PlacementConfig:
     profile: str = "default"
     max_tasks_per_round: int = 4000  # placed per reconcile round (bounds the loop's stall)
     window_jobs: int = 2000  # jobs looked at per round: the queue's head, and as many more
+    windows_per_round: int = 8  # windows looked at in a round while nothing is placed
     starve_after_s: float = 30.0
     hold_s: float = 60.0
     release_s: float = 15.0
 
     def __post_init__(self) -> None:
+        if self.windows_per_round < 1 or self.window_jobs < 1:
+            raise ValueError("window_jobs and windows_per_round must be >= 1")
         if not self.starve_after_s >= 0:
             raise ValueError(f"starve_after_s must be >= 0, got {self.starve_after_s}")
         if self.profile not in PROFILES:
@@ -147,9 +150,11 @@ def place_jobs(
     jobs: Sequence[JobRecord],
     now: float,
     config: PlacementConfig,
+    snap: Snapshot | None = None,
 ) -> PlacementResult:
-    """Place `jobs` (in order) on the `ready` nodes, committed against the live state."""
-    snap = snapshot(ready, state)
+    """Place `jobs` (in order) on the `ready` nodes, committed against the live state.
+    `snap`: the snapshot of `ready`, when the caller has one that is still current."""
+    snap = snapshot(ready, state) if snap is None else snap
     gangs = (gang_request(job, now - job.pending_since, config) for job in jobs)
     placer = Placer(snap, PROFILES[config.profile], seed=state.last_seq)
     plan = placer.place(gangs, config.max_tasks_per_round)

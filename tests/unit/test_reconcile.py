@@ -687,3 +687,21 @@ def test_a_task_listed_again_in_time_is_not_lost():
     log.step(cluster(beat("n1", 2, 5.0)))  # missing once (e.g. it just ended)
     log.step(cluster(beat("n1", 3, 6.0, ("j.w.0#1",))))  # listed again: forgotten no more
     assert updates(log.step(cluster(beat("n1", 4, 6.0 + FORGOTTEN_AFTER_S)))) == []
+
+
+def test_a_round_looks_past_windows_where_nothing_fits():
+    """A long queue is looked at a window at a time; windows where nothing fits are passed
+    over in the same round, so a job far back that fits is placed at once."""
+    from coordinator.scheduling import PlacementConfig
+
+    log = Log()
+    for i in range(30):
+        log.submit(f"big{i:02d}", count=1, cpu="64")  # fits no node
+    log.submit("small", count=1, cpu="1")
+    config = PlacementConfig(window_jobs=2, windows_per_round=20)
+    d = reconcile(log.state, cluster(view("a", cpu=4000)), NOW, config)
+    assert placements(d) == [("small.w.0", "a", 1)]
+    assert "entitlement" in d.unplaced["big00"]  # admission holds them back, and says so
+    one = PlacementConfig(window_jobs=2, windows_per_round=1)  # one window per round
+    d = reconcile(log.state, cluster(view("a", cpu=4000)), NOW, one)
+    assert placements(d) == []
