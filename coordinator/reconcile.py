@@ -68,6 +68,11 @@ def agent_event(state: RegionState, ev: TaskEvent) -> TaskUpdated | Kill | None:
         new_state, message = ev.state, ev.message
         if new_state == TaskState.KILLED and t.preempt_reason:
             new_state, message = TaskState.PREEMPTED, t.preempt_reason
+        if new_state == t.state:
+            # The log has it already: an event redelivered to a new leader after the old
+            # one logged it but died before acknowledging it. Logged twice, the attempt
+            # would read as having started twice.
+            return None
         return TaskUpdated(
             ev.job_id,
             ev.task_id,

@@ -644,6 +644,8 @@ def test_agent_events_become_log_updates_preemptions_or_stale_kills():
     log.submit("j", count=1)
     log.run("j.w.0", "a")
     t = log.state.tasks["j.w.0"]
+    # A report the log already holds (redelivered to a new leader): nothing to log again.
+    assert agent_event(log.state, TaskEvent("a", "j", "j.w.0", 1, S.RUNNING, 3.5)) is None
     done = agent_event(log.state, TaskEvent("a", "j", "j.w.0", 1, S.SUCCEEDED, 4.0, exit_code=0))
     assert isinstance(done, TaskUpdated) and done.state == S.SUCCEEDED and done.exit_code == 0
     # A KILLED report of an attempt being reclaimed is logged as PREEMPTED, with the reason.
