@@ -199,10 +199,22 @@ def _kill_requested_jobs(state: RegionState, now: float, d: Decisions) -> None:
 
 def _kill_stale_copies(state: RegionState, nodes: dict[str, NodeView], d: Decisions) -> None:
     """A node that reports a task attempt it should not be running (it was declared
-    LOST and rescheduled while the node was away) must stop it: never run both."""
+    LOST and rescheduled while the node was away) must stop it: never run both.
+
+    Looked at once per heartbeat (each is a new NodeState object), not every round: a
+    region's nodes report tens of thousands of tasks, and rounds follow each other while
+    events flow. The kills found stand (and are sent again, as the shell decides) until
+    the node's next heartbeat; a copy made stale between heartbeats is found at the next."""
+    checked: dict[str, tuple[object, list[Kill]]] = state.memo.setdefault("stale_checked", {})
     for view in nodes.values():
         if view.status == DOWN:
             continue
+        seen = checked.get(view.node_id)
+        if seen is not None and seen[0] is view.state:  # this very heartbeat, checked
+            d.kills.extend(seen[1])
+            continue
+        found: list[Kill] = []
+        checked[view.node_id] = (view.state, found)
         for key in view.live_tasks:
             tid, _, attempt_s = key.rpartition("#")
             t = state.tasks.get(tid)
@@ -211,7 +223,7 @@ def _kill_stale_copies(state: RegionState, nodes: dict[str, NodeView], d: Decisi
             attempt = int(attempt_s)
             if t.state in HOLDING and t.node_id == view.node_id and t.attempt == attempt:
                 continue
-            d.kills.append(
+            found.append(
                 Kill(
                     view.node_id,
                     t.job_id,
@@ -220,6 +232,7 @@ def _kill_stale_copies(state: RegionState, nodes: dict[str, NodeView], d: Decisi
                     "stale copy: this attempt is no longer assigned to this node",
                 )
             )
+        d.kills.extend(found)
 
 
 def _reclaim_preempted(state: RegionState, d: Decisions) -> None:
