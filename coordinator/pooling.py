@@ -29,7 +29,6 @@ class PoolView:
     """Every input and output of one entitlement round, per leaf pool."""
 
     capacity: Resources
-    running: list[RunningJob]  # holding jobs, minus those being reclaimed
     allocation: dict[str, Resources]  # everything held, reclaimed or not
     non_preemptible: dict[str, Resources]
     demand: dict[str, Resources]
@@ -49,59 +48,55 @@ def pool_view(
     state: RegionState, capacity: Resources, waiting: list[JobRecord], now: float
 ) -> PoolView:
     leaves = set(state.pools.leaves())
-    # Sums as int lists, not Resources: this loop visits every running task each round.
+    # From the job records, not a PendingJob each: the queue may hold 100,000 jobs, and
+    # building those was most of a round's cost (admission builds them for its window).
+    demand = sum_by_pool(
+        (j.spec.pool, j.pending_resources) for j in waiting if j.spec.pool in leaves
+    )
+    allocation = dict(state.pool_alloc)  # kept by the fold, not re-summed per round
+    non_preemptible = dict(state.pool_fixed)
+    alloc_leaves = {p: r for p, r in allocation.items() if p in leaves}
+    entitlement = compute_entitlement(state.pools, capacity, demand, alloc_leaves)
+    return PoolView(capacity, allocation, non_preemptible, demand, entitlement)
+
+
+def running_jobs(state: RegionState, now: float) -> list[RunningJob]:
+    """The holding jobs of leaf pools, minus those being reclaimed: what preemption chooses
+    from. Visits every running task, so only a preemption cycle asks for it."""
+    leaves = set(state.pools.leaves())
     held: dict[str, _Held] = {}
-    alloc: dict[str, list[int]] = {}
-    fixed: dict[str, list[int]] = {}
     per_job: dict[str, list[int]] = {}
     reclaimed: set[str] = {state.tasks[t].job_id for t in state.preempting}
     for node_tasks in state.node_tasks.values():
         for tid in node_tasks:
             t = state.tasks[tid]
             job = state.jobs[t.job_id]
-            pool = job.spec.pool
-            r = t.resources
-            row = (r.cpu, r.memory, r.disk, r.gpu, r.gpu_memory)
-            _add(alloc, pool, row)
-            if not job.spec.preemptible:
-                _add(fixed, pool, row)
-            if job.job_id in reclaimed or pool not in leaves:
+            if job.job_id in reclaimed or job.spec.pool not in leaves:
                 continue
-            _add(per_job, job.job_id, row)
+            r = t.resources
+            _add(per_job, job.job_id, (r.cpu, r.memory, r.disk, r.gpu, r.gpu_memory))
             h = held.get(job.job_id)
             if h is None:
                 h = held[job.job_id] = _Held(Resources(), 0, now)
             h.tasks += 1
             if t.started_at is not None:
                 h.started = min(h.started, t.started_at)
-    for jid, h in held.items():
-        h.resources = Resources(*per_job[jid])
-    allocation = {p: Resources(*v) for p, v in alloc.items()}
-    non_preemptible = {p: Resources(*v) for p, v in fixed.items()}
     running = []
     for jid, h in sorted(held.items()):
-        res, n, started = h.resources, h.tasks, h.started
         spec = state.jobs[jid].spec
         running.append(
             RunningJob(
                 jid,
                 spec.pool,
-                res,
-                n,
-                min_tasks=None if spec.min_tasks is None else min(spec.min_tasks, n),
+                Resources(*per_job[jid]),
+                h.tasks,
+                min_tasks=None if spec.min_tasks is None else min(spec.min_tasks, h.tasks),
                 priority=spec.priority,
                 preemptible=spec.preemptible,
-                running_for=max(0.0, now - started),
+                running_for=max(0.0, now - h.started),
             )
         )
-    # From the job records, not a PendingJob each: the queue may hold 100,000 jobs, and
-    # building those was most of a round's cost (admission builds them for its window).
-    demand = sum_by_pool(
-        (j.spec.pool, j.pending_resources) for j in waiting if j.spec.pool in leaves
-    )
-    alloc_leaves = {p: r for p, r in allocation.items() if p in leaves}
-    entitlement = compute_entitlement(state.pools, capacity, demand, alloc_leaves)
-    return PoolView(capacity, running, allocation, non_preemptible, demand, entitlement)
+    return running
 
 
 def _add(acc: dict[str, list[int]], key: str, row: tuple[int, ...]) -> None:
@@ -148,7 +143,7 @@ def preemptions(
         state.pools,
         view.capacity,
         view.entitlement,
-        view.running,
+        running_jobs(state, now),
         view.demand,
         over_counts,
         cycles=cycles,

@@ -185,6 +185,10 @@ class RegionState:
         self.tasks: dict[str, TaskRecord] = {}
         self.node_tasks: dict[str, set[str]] = {}  # tasks holding resources on a node
         self.node_alloc: dict[str, Resources] = {}  # what those tasks hold, summed
+        # Per job pool, what its holding tasks hold, and the part held by non-preemptible
+        # jobs: kept here so a round does not re-sum every running task.
+        self.pool_alloc: dict[str, Resources] = {}
+        self.pool_fixed: dict[str, Resources] = {}
         # Per (node, GPU uuid): milli-GPUs and GPU memory granted there, summed.
         self.gpu_alloc: dict[tuple[str, str], tuple[int, int]] = {}
         # Values derived from the state by pure functions, memoised per log position
@@ -298,6 +302,7 @@ class RegionState:
         task.started_at = task.finished_at = None
         self.node_tasks.setdefault(ev.node_id, set()).add(task.task_id)
         self.node_alloc[ev.node_id] = self.node_alloc.get(ev.node_id, Resources()) + task.resources
+        self._pool_hold(task, +1)
         self._grant_gpus(task, +1)
         self._history(task, ev.ts, "")
         self._recount(self.jobs[task.job_id])
@@ -341,6 +346,7 @@ class RegionState:
             if held is not None and task.task_id in held:
                 held.discard(task.task_id)
                 self.node_alloc[task.node_id] = self.node_alloc[task.node_id] - task.resources
+                self._pool_hold(task, -1)
                 self._grant_gpus(task, -1)
                 if not held:
                     del self.node_tasks[task.node_id]
@@ -395,6 +401,17 @@ class RegionState:
                 self.gpu_alloc.pop(key, None)
             else:
                 self.gpu_alloc[key] = now
+
+    def _pool_hold(self, task: TaskRecord, sign: int) -> None:
+        spec = self.jobs[task.job_id].spec
+        sums = (self.pool_alloc,) if spec.preemptible else (self.pool_alloc, self.pool_fixed)
+        for acc in sums:
+            cur = acc.get(spec.pool, Resources())
+            new = cur + task.resources if sign > 0 else cur - task.resources
+            if new == Resources():
+                acc.pop(spec.pool, None)
+            else:
+                acc[spec.pool] = new
 
     def _count_pending(self, task: TaskRecord, delta: int, ts: float) -> None:
         job = self.jobs[task.job_id]

@@ -120,6 +120,17 @@ def check_indexes(state: RegionState) -> None:
             holding.setdefault(t.node_id, set()).add(tid)
     assert state.node_tasks == holding
     assert set(state.node_alloc) == set(holding)  # no totals left for nodes holding nothing
+    pools: dict[str, Resources] = {}
+    fixed: dict[str, Resources] = {}
+    for t in tasks.values():
+        if t.state in HOLDING:
+            spec = state.jobs[t.job_id].spec
+            pools[spec.pool] = pools.get(spec.pool, Resources()) + t.resources
+            if not spec.preemptible:
+                fixed[spec.pool] = fixed.get(spec.pool, Resources()) + t.resources
+    nonzero = lambda d: {k: v for k, v in d.items() if v != Resources()}  # noqa: E731
+    assert state.pool_alloc == nonzero(pools)
+    assert state.pool_fixed == nonzero(fixed)
     assert state.unsettled == {tid for tid, t in tasks.items() if t.state in UNSETTLED}
     for node, tids in holding.items():
         total = Resources()
@@ -590,6 +601,8 @@ SPECS.append(job_spec(roles=ROLES))
 SPECS[-1]["tasks"][0]["resources"].update({"gpu": 0.25, "gpu_memory": "1Gi"})
 SPECS.append(job_spec(roles=ROLES))
 SPECS[-1]["tasks"][0]["resources"].update({"gpu": 2, "gpu_memory": "2Gi"})
+# Another pool and a non-preemptible job, so the per-pool sums are folded too.
+SPECS.append({**job_spec(roles=ROLES), "pool": "/ml", "preemptible": False})
 GPU_CHOICES = [(), ("g0",), ("g1",), ("g0", "g1")]
 
 
