@@ -151,6 +151,7 @@ def descendants(pid: int) -> list[int]:
 
 ECHO_SERVER = r"""
 import asyncio, sys, nats
+from inference.wire import run
 async def main():
     nc = await nats.connect(sys.argv[1])
     async def echo(msg):
@@ -159,14 +160,15 @@ async def main():
     await nc.flush()
     print("ready", flush=True)
     await asyncio.Event().wait()
-asyncio.run(main())
+run(main(), sys.argv[3])
 """
 
 
-def start_echo(url: str, subject: str) -> subprocess.Popen[bytes]:
-    """A trivial request/reply responder in its own process (a bare nats-py client)."""
+def start_echo(url: str, subject: str, event_loop: str = "asyncio") -> subprocess.Popen[bytes]:
+    """A trivial request/reply responder in its own process (a bare nats-py client), on
+    the event loop a compared process uses (`inference.wire.run`)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", ECHO_SERVER, url, subject],
+        [sys.executable, "-c", ECHO_SERVER, url, subject, event_loop],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

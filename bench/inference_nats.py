@@ -43,43 +43,13 @@ from bench._util import (
     machine,
     ratio,
     spawn,
+    start_echo,
     stop_process,
 )
 from mesh.server import EmbeddedServer
 
 REGION = "bench"
 MODEL = "mlp"
-
-# The baseline: the cheapest nats-py request/reply there is, on the router's event loop.
-ECHO = r"""
-import asyncio, sys
-import nats
-from inference.wire import run
-async def main():
-    nc = await nats.connect(sys.argv[1])
-    async def echo(msg):
-        await msg.respond(msg.data)
-    await nc.subscribe(sys.argv[2], cb=echo)
-    await nc.flush()
-    print("ready", flush=True)
-    await asyncio.Event().wait()
-run(main(), sys.argv[3])
-"""
-
-
-def _start_echo(url: str, subject: str, event_loop: str) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", ECHO, url, subject, event_loop],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    line = proc.stdout.readline()  # blocks until it subscribed (or died)
-    if line.strip() != b"ready":
-        stop_process(proc)
-        raise RuntimeError(f"echo responder did not start: {line!r}")
-    return proc
 
 
 def _loadgen(url: str, *args: str, timeout: float = 120.0) -> dict:
@@ -341,7 +311,7 @@ def main(argv: list[str]) -> dict:
         # 1. saturation (closed loop) and 3. its baseline, in alternating pairs: on a
         # shared machine the load from others changes within a run, and a pair taken
         # back to back sees about the same. The medians are reported.
-        echo = _start_echo(url, "bench.echo", loop)
+        echo = start_echo(url, "bench.echo", loop)  # the baseline, on the router's loop
         watched = {**{n: pr.pid for n, pr in procs.items()}, "nats-server": server.proc.pid}
         closed = [
             "--concurrency",
