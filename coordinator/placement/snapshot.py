@@ -101,27 +101,19 @@ class Snapshot:
         self.g_free_mem = np.zeros((n, g), dtype=np.int64)
         self.g_util = np.zeros((n, g), dtype=np.float64)
         self.g_level = np.full((n, g), -1, dtype=np.int64)
-        self.g_uuid: list[tuple[str, ...]] = [()] * n
+        self.g_uuid: list[tuple[str, ...]] = []
         for i, x in enumerate(self.nodes):
-            self._fill_gpus(i, x)
+            self.g_uuid.append(tuple(s.uuid for s in x.gpus))
+            for j, s in enumerate(x.gpus):
+                self.g_valid[i, j] = True
+                self.g_alloc[i, j] = s.allocated
+                # Memory is free only if neither the grants nor the measurement use it:
+                # a process outside Mesh can hold GPU memory nobody granted.
+                used = max(s.memory_allocated, s.memory_used)
+                self.g_free_mem[i, j] = s.memory_total - used
+                self.g_util[i, j] = min(max(s.utilization, 0), 100) / 100.0
+                self.g_level[i, j] = ISOLATION_LEVEL.get(s.enforcement, 0)
         self._label_masks: dict[tuple[str, str], np.ndarray] = {}
-
-    def _fill_gpus(self, i: int, x: NodeInfo) -> None:
-        self.g_uuid[i] = tuple(s.uuid for s in x.gpus)
-        self.g_valid[i] = False
-        self.g_alloc[i] = 0
-        self.g_free_mem[i] = 0
-        self.g_util[i] = 0.0
-        self.g_level[i] = -1
-        for j, s in enumerate(x.gpus):
-            self.g_valid[i, j] = True
-            self.g_alloc[i, j] = s.allocated
-            # Memory is free only if neither the grants nor the measurement use it:
-            # a process outside Mesh can hold GPU memory nobody granted.
-            used = max(s.memory_allocated, s.memory_used)
-            self.g_free_mem[i, j] = s.memory_total - used
-            self.g_util[i, j] = min(max(s.utilization, 0), 100) / 100.0
-            self.g_level[i, j] = ISOLATION_LEVEL.get(s.enforcement, 0)
 
     def with_rows(self, rows: Mapping[int, NodeInfo]) -> Snapshot:
         """This snapshot with the nodes at `rows` replaced: what a new round needs when only
@@ -138,26 +130,27 @@ class Snapshot:
             nodes[i] = x
         if reshaped:
             return Snapshot(nodes)
+        # The changed rows built as a snapshot of their own (one definition of a row),
+        # then copied in: their zones and GPU counts are the ones this snapshot has.
+        idx = np.fromiter(rows, dtype=np.int64, count=len(rows))
+        part = Snapshot([rows[i] for i in idx])
         zone_of = {z: k for k, z in enumerate(self.zones)}
         new = object.__new__(Snapshot)
         new.nodes = tuple(nodes)
         new.ids, new.index = self.ids, self.index
         new.zones, new.gpu_width = self.zones, self.gpu_width
-        for name in _ROW_ARRAYS:
-            setattr(new, name, getattr(self, name).copy())
         new.g_uuid = list(self.g_uuid)
         new._label_masks = {}
-        for i, x in rows.items():
-            cap, alloc = _row(x.capacity), _row(x.allocated)
-            new.cap[i] = cap
-            new.free[i] = np.subtract(cap, alloc)
-            new.inv_cap[i] = [1.0 / c if c > 0 else 0.0 for c in cap]
-            new.inv_kinds[i] = 1.0 / max(sum(1 for c in cap if c > 0), 1)
-            new.simulated[i] = x.simulated
-            new.load[i] = min(max(x.load, 0.0), 1.0)
-            new.zone[i] = zone_of[x.zone]
-            new.gpu_count[i] = len(x.gpus)
-            new._fill_gpus(i, x)
+        for name in _ROW_ARRAYS:
+            setattr(new, name, getattr(self, name).copy())
+        for name in ("cap", "free", "inv_cap", "inv_kinds", "simulated", "load", "gpu_count"):
+            getattr(new, name)[idx] = getattr(part, name)
+        new.zone[idx] = [zone_of[part.zones[z]] for z in part.zone]
+        w = part.gpu_width  # columns past a row's own GPU count are padding already
+        for name in ("g_valid", "g_alloc", "g_free_mem", "g_util", "g_level"):
+            getattr(new, name)[idx, :w] = getattr(part, name)
+        for k, i in enumerate(idx):
+            new.g_uuid[i] = part.g_uuid[k]
         return new
 
     def __len__(self) -> int:
