@@ -63,6 +63,28 @@ def _wire_size(group: TaskGroup) -> int:
     )
 
 
+def run_batches(tasks: list[TaskRecord]) -> list[list[TaskRecord]]:
+    """The round's runs in messages: per node, in order, at most MAX_ASSIGNMENT_BATCH
+    runs and about BATCH_BYTES each (a run bigger than that goes alone)."""
+    by_node: dict[str, list[TaskRecord]] = {}
+    for t in tasks:
+        by_node.setdefault(t.node_id, []).append(t)
+    batches: list[list[TaskRecord]] = []
+    sizes: dict[int, int] = {}  # per task group: its tasks share one
+    for node_tasks in by_node.values():
+        batch: list[TaskRecord] = []
+        size = 0
+        for t in node_tasks:
+            est = sizes.get(id(t.group)) or sizes.setdefault(id(t.group), _wire_size(t.group))
+            if batch and (len(batch) == MAX_ASSIGNMENT_BATCH or size + est > BATCH_BYTES):
+                batches.append(batch)
+                batch, size = [], 0
+            batch.append(t)
+            size += est
+        batches.append(batch)
+    return batches
+
+
 class Leader:
     def __init__(self, coord: Coordinator, term: int) -> None:
         self.coord = coord
@@ -208,22 +230,7 @@ class Leader:
 
     async def _publish_runs(self, tasks: list[TaskRecord]) -> None:
         """One message per node (up to MAX_ASSIGNMENT_BATCH runs), not one per task."""
-        by_node: dict[str, list[TaskRecord]] = {}
-        for t in tasks:
-            by_node.setdefault(t.node_id, []).append(t)
-        batches: list[list[TaskRecord]] = []
-        sizes: dict[int, int] = {}  # per task group: its tasks share one
-        for node_tasks in by_node.values():
-            batch: list[TaskRecord] = []
-            size = 0
-            for t in node_tasks:
-                est = sizes.get(id(t.group)) or sizes.setdefault(id(t.group), _wire_size(t.group))
-                if batch and (len(batch) == MAX_ASSIGNMENT_BATCH or size + est > BATCH_BYTES):
-                    batches.append(batch)
-                    batch, size = [], 0
-                batch.append(t)
-                size += est
-            batches.append(batch)
+        batches = run_batches(tasks)
         items = []
         specs: dict = {}  # the groups stay alive in the state while this runs: ids hold
         for batch in batches:
