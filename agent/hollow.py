@@ -111,7 +111,7 @@ from mesh.schema import Assignment, GpuStatus, NodeState, Resources, TaskEvent, 
 from mesh.signing import AssignmentRefused, VerifyKey, load_verify_key, open_message
 from mesh.streams import ensure_streams
 from mesh.tasks import cancel_and_wait
-from workloads.lifecycle import TaskState
+from workloads.lifecycle import ENDED, TaskState
 
 log = logging.getLogger("mesh.hollow")
 
@@ -334,6 +334,8 @@ class HollowNode:
     # live simulated runs: (task, attempt) -> the timer that ends it
     running: dict[tuple[str, int], asyncio.TimerHandle] = field(default_factory=dict)
     seen: set[tuple[str, int]] = field(default_factory=set)
+    # ended runs whose outcome the events stream has not acknowledged yet
+    owed: set[tuple[str, int]] | None = field(default=None, repr=False)
     background: dict[int, int] | None = None  # GPU index -> percent
     gpu_wire: GpuWire | None = field(default=None, repr=False)  # shared by equal nodes
     down: bool = False  # crashed: no heartbeats, assignments wait in `backlog`
@@ -429,6 +431,7 @@ class HollowNode:
         for timer in self.running.values():
             timer.cancel()
         self.running.clear()
+        self.owed = None
         if self.grants:
             self.grants = None
             self._gpu_milli = [0] * self.inventory.gpus
@@ -477,7 +480,19 @@ class HollowNode:
         )
 
     def live_tasks(self) -> list[str]:
-        return [f"{t}#{a}" for t, a in self.running]
+        """What the node still answers for: its runs, and those that ended with their
+        outcome not yet stored. Without the latter, a run that ends while the events
+        stream is away (a NATS server dying) drops off the heartbeats, which go on over
+        core NATS, and the coordinator declares it LOST and runs it again."""
+        live = [f"{t}#{a}" for t, a in self.running]
+        if self.owed:
+            live += [f"{t}#{a}" for t, a in self.owed]
+        return live
+
+    def owe(self, key: tuple[str, int]) -> None:
+        if self.owed is None:
+            self.owed = set()
+        self.owed.add(key)
 
     def state(self, region: str) -> NodeState:
         """The next heartbeat as a NodeState."""
@@ -584,7 +599,7 @@ class HollowFleet:
         try:
             self.js = self.nc.jetstream(timeout=10.0)
             await ensure_streams(self.js, self.region, agent=True)
-            self.events = EventPublisher(self.js, self.region)
+            self.events = EventPublisher(self.js, self.region, on_acked=self._reported)
             self.events.start()
             self.feed = FleetFeed(
                 self.js, self.region, self.prefix, list(self.nodes), self._on_assignment
@@ -766,8 +781,16 @@ class HollowFleet:
         self._end(node, key)
 
     def _end(self, node: HollowNode, key: tuple[str, int]) -> None:
+        """After the run's last event was handed to the publisher."""
         self.counts["ended"] += 1
+        node.owe(key)
         self._ended.append((time.monotonic(), node, key))
+
+    def _reported(self, ev: TaskEvent) -> None:
+        if ev.state in ENDED:
+            node = self.nodes.get(ev.node_id)
+            if node is not None and node.owed:
+                node.owed.discard((ev.task_id, ev.attempt))
 
     def _report(
         self,

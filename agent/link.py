@@ -25,13 +25,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 import msgpack
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 from nats.js.errors import APIError, NotFoundError
 
 from mesh import subjects
 from mesh.codec import WireError, encode
+from mesh.pull import PullLoop
 from mesh.schema import Assignment, AssignmentBatch, TaskEvent, decode_assignments
 from mesh.tasks import cancel_and_wait
 from workloads.lifecycle import TaskState
@@ -42,47 +42,58 @@ AssignmentMessage = Assignment | AssignmentBatch  # one, or a round's runs for o
 Handler = Callable[[AssignmentMessage], Awaitable[None]]
 
 
-class AssignmentFeed:
+class _Feed:
+    """Assignments read by a `PullLoop`, each message handed to `_handle`."""
+
+    name = ""
+    batch = 256
+    wait_s = 1.0  # the long poll
+    linger_s = 0.002  # how long the batch after it waits
+    _pull: PullLoop | None = None
+
+    async def start(self) -> None:
+        self._pull = PullLoop(
+            self.name,
+            self._subscribe,
+            self._handle_all,
+            batch=self.batch,
+            wait_s=self.wait_s,
+            linger_s=self.linger_s,
+        )
+        await self._pull.start()
+
+    async def stop(self) -> None:
+        if self._pull is not None:
+            await self._pull.stop()
+            self._pull = None
+
+    async def _handle_all(self, msgs) -> None:
+        for msg in msgs:
+            await self._handle(msg)
+
+    async def _subscribe(self):
+        raise NotImplementedError
+
+    async def _handle(self, msg) -> None:
+        raise NotImplementedError
+
+
+class AssignmentFeed(_Feed):
     def __init__(self, js: JetStreamContext, region: str, node_id: str, handler: Handler) -> None:
         self.js = js
         self.region = region
         self.node_id = node_id
         self.handler = handler
         self.rejected = 0
-        self._task: asyncio.Task[None] | None = None
+        self.name = f"assignments:{node_id}"
 
-    async def start(self) -> None:
-        self._psub = await self.js.pull_subscribe(
+    async def _subscribe(self):
+        return await self.js.pull_subscribe(
             subjects.assign(self.region, self.node_id),
             durable=subjects.agent_consumer(self.node_id),
             stream=subjects.assign_stream(self.region),
             config=ConsumerConfig(ack_wait=30.0, max_ack_pending=10_000),
         )
-        self._task = asyncio.create_task(self._run(), name=f"assignments:{self.node_id}")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        with contextlib.suppress(Exception):
-            await self._psub.unsubscribe()
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                msgs = await self._psub.fetch(1, timeout=1.0)
-            except (TimeoutError, NatsTimeout):
-                continue
-            except Exception as exc:
-                log.debug("assignment fetch: %s", exc)
-                await asyncio.sleep(0.25)
-                continue
-            with contextlib.suppress(NatsTimeout, asyncio.TimeoutError):
-                msgs += await self._psub.fetch(255, timeout=0.002)
-            for msg in msgs:
-                await self._handle(msg)
 
     async def _handle(self, msg) -> None:
         try:
@@ -90,20 +101,20 @@ class AssignmentFeed:
         except WireError as exc:
             self.rejected += 1
             log.warning("undecodable assignment dropped: %s", exc)
-            await msg.term()
+            await _quietly(msg.term())
             return
         if a.node_id != self.node_id:
             self.rejected += 1
             log.warning("assignment for %s delivered to %s: refused", a.node_id, self.node_id)
-            await msg.term()
+            await _quietly(msg.term())
             return
         try:
             await self.handler(a)
         except Exception:
             log.exception("assignment for %s failed; will be redelivered", a.node_id)
-            await msg.nak(delay=1.0)
+            await _quietly(msg.nak(delay=1.0))
             return
-        await msg.ack()
+        await _quietly(msg.ack())
 
 
 async def publish_event(js: JetStreamContext, region: str, ev: TaskEvent) -> None:
@@ -126,10 +137,11 @@ async def publish_event(js: JetStreamContext, region: str, ev: TaskEvent) -> Non
 
 FleetHandler = Callable[[str, AssignmentMessage], None]
 
-WQ_CONSUMER_OVERLAP = 10100  # "filtered consumer not unique on workqueue stream"
+WQ_CONSUMER_OVERLAP = 10100
+INFO_TIMEOUT_S = 5.0  # "filtered consumer not unique on workqueue stream"
 
 
-class FleetFeed:
+class FleetFeed(_Feed):
     """One durable pull consumer over the assignment subjects of many nodes.
 
     The consumer lists each node's own subject `mesh.<r>.assign.<node>` in
@@ -168,8 +180,8 @@ class FleetFeed:
         self.rejected = 0
         self.delivered = 0
         self.migrated = 0  # legacy per-node consumers removed at start
-        self._task: asyncio.Task[None] | None = None
-        self._psub = None
+        self.name = f"assignments:{self.durable}"
+        self.wait_s, self.linger_s = 5.0, 0.005
 
     def config(self) -> ConsumerConfig:
         return ConsumerConfig(
@@ -181,20 +193,13 @@ class FleetFeed:
             description=f"hollow fleet of {len(self.filters)} nodes",
         )
 
-    async def start(self) -> None:
+    async def _subscribe(self):
+        """Also run after fetches kept failing: the consumer may be gone (deleted by
+        hand, stream recreated); it is put back, and its backlog is still in the stream."""
         await self._ensure_consumer()
-        self._psub = await self.js.pull_subscribe_bind(
+        return await self.js.pull_subscribe_bind(
             durable=self.durable, stream=self.stream, pending_msgs_limit=100 * self.batch
         )
-        self._task = asyncio.create_task(self._run(), name=f"assignments:{self.durable}")
-
-    async def stop(self) -> None:
-        await cancel_and_wait(self._task)
-        self._task = None
-        if self._psub is not None:
-            with contextlib.suppress(Exception):
-                await self._psub.unsubscribe()
-            self._psub = None
 
     async def _ensure_consumer(self) -> None:
         """Create the consumer, or update it when the fleet's node set changed. Creating
@@ -202,7 +207,9 @@ class FleetFeed:
         for overlap), so an unchanged one is bound as it is."""
         jsm = self.js
         with contextlib.suppress(NotFoundError):
-            info = await jsm.consumer_info(self.stream, self.durable, timeout=self.api_timeout)
+            # Cheap, so not the long timeout: asked while a server is dying, the request
+            # can go unanswered, and the feed would read nothing until it timed out.
+            info = await jsm.consumer_info(self.stream, self.durable, timeout=INFO_TIMEOUT_S)
             c = info.config
             have = set(c.filter_subjects or ([c.filter_subject] if c.filter_subject else []))
             if have == set(self.filters) and c.ack_wait == self.ack_wait:
@@ -237,35 +244,6 @@ class FleetFeed:
             "%s: removed %d per-node assignment consumers of its nodes", self.durable, len(names)
         )
 
-    async def _run(self) -> None:
-        failing_since: float | None = None
-        while True:
-            try:
-                msgs = await self._psub.fetch(1, timeout=5.0)
-            except (TimeoutError, NatsTimeout):
-                failing_since = None
-                continue
-            except Exception as exc:
-                log.debug("fleet assignment fetch: %s", exc)
-                now = asyncio.get_running_loop().time()
-                if failing_since is None:
-                    failing_since = now
-                elif now - failing_since > 1.0:
-                    # Still failing: the consumer may be gone (deleted by hand, stream
-                    # recreated). Put it back; its backlog is still in the stream.
-                    failing_since = now
-                    try:
-                        await self._ensure_consumer()
-                    except Exception as exc2:
-                        log.debug("fleet consumer not restored: %s", exc2)
-                await asyncio.sleep(0.25)
-                continue
-            failing_since = None
-            with contextlib.suppress(NatsTimeout, asyncio.TimeoutError):
-                msgs += await self._psub.fetch(self.batch - 1, timeout=0.005)
-            for msg in msgs:
-                await self._handle(msg)
-
     async def _handle(self, msg) -> None:
         self.delivered += 1
         node_id = msg.subject[len(self._prefix) :] if msg.subject.startswith(self._prefix) else ""
@@ -274,20 +252,27 @@ class FleetFeed:
         except WireError as exc:
             self.rejected += 1
             log.warning("undecodable assignment on %s dropped: %s", msg.subject, exc)
-            await msg.term()
+            await _quietly(msg.term())
             return
         if a.node_id != node_id or node_id not in self.node_ids:
             self.rejected += 1
             log.warning("assignment for %s delivered on %s: refused", a.node_id, msg.subject)
-            await msg.term()
+            await _quietly(msg.term())
             return
         try:
             self.handler(node_id, a)
         except Exception:
             log.exception("assignment for %s failed; will be redelivered", a.node_id)
-            await msg.nak(delay=1.0)
+            await _quietly(msg.nak(delay=1.0))
             return
-        await msg.ack()
+        await _quietly(msg.ack())
+
+
+async def _quietly(settle: Awaitable[None]) -> None:
+    """Acknowledging fails on a connection that is reconnecting: the message then comes
+    again after the consumer's ack_wait, and the node knows it by task id and attempt."""
+    with contextlib.suppress(Exception):
+        await settle
 
 
 def _event_map(ev: TaskEvent) -> dict:
@@ -329,7 +314,8 @@ class EventPublisher:
     next event is sent only after the previous one was acknowledged, so RUNNING is
     stored before SUCCEEDED. A failed or unanswered publish is sent again (same
     `Nats-Msg-Id`, so a resend whose first copy did land is dropped by the server)
-    until it is acknowledged or the publisher stops.
+    until it is acknowledged or the publisher stops. `on_acked` hears of each event
+    once the stream has it.
     """
 
     def __init__(
@@ -339,7 +325,9 @@ class EventPublisher:
         *,
         ack_timeout: float = 5.0,
         retry_s: float = 0.5,
+        on_acked: Callable[[TaskEvent], None] | None = None,
     ) -> None:
+        self.on_acked = on_acked
         self.js = js
         self.region = subjects.token(region, "region")
         self.stream = subjects.events_stream(self.region)
@@ -437,7 +425,9 @@ class EventPublisher:
             self._retry_later(loop, key)
             return
         self.acked += 1
-        chain.popleft()
+        ev = chain.popleft()
+        if self.on_acked is not None:
+            self.on_acked(ev)
         if chain:
             self._ready.append(key)
             self._wake.set()

@@ -100,6 +100,7 @@ class Agent:
         self.node_id = subjects.token(config.node_id, "node id")
         self.data_dir = Path(config.data_dir or Path.home() / ".mesh" / "agent" / self.node_id)
         self.handles: dict[tuple[str, int], ProcessHandle] = {}
+        self.owed: set[tuple[str, int]] = set()  # ended; outcome not acknowledged yet
         self.killing: set[tuple[str, int]] = set()
         self.seq = 0
         self.note = ""
@@ -250,7 +251,10 @@ class Agent:
             memory_used=sample.memory_used,
             disk_used=sample.disk_used,
             gpus=gpus,
-            tasks=tuple(f"{t}#{a}" for t, a in self.handles),
+            # Also what ended with its outcome not yet stored: while the events stream
+            # is away heartbeats still get through, and a task missing from them while
+            # RUNNING in the log is declared LOST and run again.
+            tasks=tuple(f"{t}#{a}" for t, a in (*self.handles, *self.owed)),
             note=self._node_note(),
         )
 
@@ -532,6 +536,7 @@ class Agent:
         log_tail: str = "",
     ) -> None:
         rec.state, rec.exit_code = state, exit_code
+        self.owed.add((rec.task_id, rec.attempt))
         try:
             await self.store.update(
                 rec.task_id, rec.attempt, state=state, exit_code=exit_code, updated=time.time()
@@ -551,6 +556,8 @@ class Agent:
         except Exception as exc:
             log.info("event %s/%s not sent yet: %s", rec.task_id, ev.state, exc)
             return  # the reporter loop resends from the store
+        if ev.state in ENDED_HERE:
+            self.owed.discard((rec.task_id, rec.attempt))
         try:
             await self.store.update(rec.task_id, rec.attempt, reported=str(ev.state))
         except (sqlite3.Error, OSError) as exc:
@@ -581,6 +588,8 @@ class Agent:
     async def _readopt(self) -> None:
         for rec in await self.store.active():
             if rec.state in ENDED_HERE:
+                if rec.reported != rec.state:
+                    self.owed.add((rec.task_id, rec.attempt))
                 continue  # only a report is owed: the reporter loop sends it
             exec_id = _exec_id(rec.task_id, rec.attempt)
             pid, start_time = rec.pid, rec.start_time

@@ -118,6 +118,10 @@ class LogWriter:
         self._queue: asyncio.Queue[tuple[list[LogEvent], asyncio.Future[int]]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.fenced = False
+        self.appends = 0  # acknowledged appends: one after a failed one settles its outcome
+        # The log's last sequence as this writer knows it; None until its first append
+        # (a LeaderElected), which goes after whatever the follower has applied.
+        self._known: int | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="log-writer")
@@ -171,15 +175,16 @@ class LogWriter:
             half = len(events) // 2
             await self._write(events[:half])
             return await self._write(events[half:])
-        # Fence locally first. The follower keeps applying entries while we write, so
-        # `state.last_seq` alone is no fence: once it has applied a newer leader's
-        # entries, an append expecting it would land, in a deposed term, after the new
-        # leader's LeaderElected. Every leader's first entry is its LeaderElected, so any
-        # entry of another writer raises the term the follower has seen. (A newer entry
-        # of our own is fine: an append whose acknowledgement timed out may have landed.)
+        # Fence locally first: every leader's first entry is its LeaderElected, so any
+        # entry of another writer that the follower applied raises the term it has seen.
         if self.state.term > self.term:
             raise Fenced(f"term {self.state.term} was elected after ours ({self.term})")
-        expected = self.state.last_seq
+        # Expect the log where this writer last knew it, not where the follower has got
+        # to: an append whose acknowledgement was lost may land late, and the follower
+        # apply it, while the events here were decided without it (a task placed again).
+        # The append then fails, the late entry is checked and applied, and the callers
+        # decide again on a state that has it.
+        expected = self.state.last_seq if self._known is None else self._known
         try:
             ack = await self.js.publish(
                 subjects.job_log(self.region),
@@ -193,15 +198,17 @@ class LogWriter:
                 raise
             if not await self._moved_by_us(expected):
                 raise Fenced(f"log moved past {expected}: another leader wrote") from None
-            return await self._write(events)
+            raise Unavailable("an earlier append landed late: decide again on it") from None
         self.state.apply(ack.seq, entry)
+        self._known = ack.seq
+        self.appends += 1
         return ack.seq
 
     async def _moved_by_us(self, expected: int) -> bool:
         """The log moved past `expected` behind our back: was it only our own appends,
         which timed out and landed anyway (a loaded server acknowledges late)? Reads what
-        was appended since, and applies it if it is all of our term, as an acknowledged
-        append would have been (the follower then skips it). Another term: fenced."""
+        was appended since, and applies what the follower has not, if it is all of our
+        term, as an acknowledged append would have been. Another term: fenced."""
         stream = subjects.log_stream(self.region)
         target = (await self.js.stream_info(stream)).state.last_seq
         if target <= expected or target - expected > MAX_UNSEEN:
@@ -221,4 +228,5 @@ class LogWriter:
         for seq, entry in landed:
             if seq > self.state.last_seq:
                 self.state.apply(seq, entry)
+        self._known = target
         return self.state.term <= self.term

@@ -14,7 +14,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import ConsumerConfig
 
 from coordinator.cluster import NodeView
@@ -24,6 +23,7 @@ from coordinator.reconcile import Kill, agent_event, reconcile
 from coordinator.state import TaskRecord
 from mesh import subjects
 from mesh.codec import WireError, decode, encode
+from mesh.pull import PullLoop
 from mesh.schema import (
     MAX_ASSIGNMENT_BATCH,
     Assignment,
@@ -102,10 +102,13 @@ class Leader:
         self.bad_events = 0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._events: PullLoop | None = None
         self._kills_sent: dict[tuple[str, str, int], float] = {}
         self._over_counts: dict[str, int] = {}
         self._last_preempt = 0.0
         self._unsent: dict[tuple[str, int], TaskRecord] = {}
+        self._in_doubt: dict[tuple[str, int], None] = {}  # placed, append outcome unknown
+        self._doubt_mark = 0  # writer.appends when the last of them was added
         self._sending: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -115,12 +118,16 @@ class Leader:
         await self.writer.append([LeaderElected(self.term, self.coord.candidate_id, time.time())])
         self._seed_unheard_nodes()
         await self._republish_placed()
+        self._events = self._events_reader()
+        await self._events.start()
         self._tasks = [
-            asyncio.create_task(self._events_loop(), name="leader-events"),
             asyncio.create_task(self._reconcile_loop(), name="leader-reconcile"),
         ]
 
     async def stop(self) -> None:
+        if self._events is not None:
+            await self._events.stop()
+            self._events = None
         for task in [*self._tasks, *self._sending]:
             await cancel_and_wait(task)
         self._tasks = []
@@ -166,8 +173,14 @@ class Leader:
             except (Fenced, Unavailable) as exc:
                 log.warning("reconcile: %s", exc)
                 await asyncio.sleep(0.2)
+            except Exception:
+                # A bug must not leave the region without placement: log it, go on.
+                log.exception("reconcile round failed")
+                await asyncio.sleep(0.2)
 
     async def reconcile_once(self) -> None:
+        if self._in_doubt and self.writer.appends > self._doubt_mark:
+            self._settle_in_doubt()
         if self._unsent:
             self._resend_unsent()
         for _ in range(MAX_ROUNDS):
@@ -184,8 +197,13 @@ class Leader:
                 self._over_counts = {}
             if not d.events:
                 return
-            await self.writer.append(d.events)
             placed = [ev for ev in d.events if isinstance(ev, TaskPlaced)]
+            try:
+                await self.writer.append(d.events)
+            except Unavailable:
+                self._in_doubt.update(((ev.task_id, ev.attempt), None) for ev in placed)
+                self._doubt_mark = self.writer.appends
+                raise
             if placed:
                 self._publish_in_background([self.state.tasks[ev.task_id] for ev in placed])
 
@@ -248,12 +266,23 @@ class Leader:
                 else:
                     self._unsent[key] = t
 
+    def _settle_in_doubt(self) -> None:
+        """Placements whose append failed with its outcome unknown may have landed anyway
+        (the follower, or the writer, then applied them): their assignments were never
+        sent. Once a later append was acknowledged none of them can land any more (it
+        expected the log's last sequence), so the state tells which did."""
+        for tid, attempt in self._in_doubt:
+            cur = self.state.tasks.get(tid)
+            if cur is not None and cur.attempt == attempt and cur.state == "PLACED":
+                self._unsent[(tid, attempt)] = cur
+        self._in_doubt = {}
+
     def _resend_unsent(self) -> None:
         """Placements whose assignment did not reach the stream: send them again while
         they are still this attempt's (a message id makes a repeat harmless)."""
         due = [
-            t
-            for (tid, attempt), t in list(self._unsent.items())
+            cur
+            for (tid, attempt) in list(self._unsent)
             if (cur := self.state.tasks.get(tid)) is not None
             and cur.attempt == attempt
             and cur.state == "PLACED"
@@ -339,28 +368,22 @@ class Leader:
 
     # ------------------------------------------------------------ agent events
 
-    async def _events_loop(self) -> None:
+    def _events_reader(self) -> PullLoop:
         c = self.coord
-        psub = await c.js.pull_subscribe(
-            subjects.events_all(c.region),
-            durable=subjects.events_consumer(),
-            stream=subjects.events_stream(c.region),
-            # A new leader gets what its predecessor fetched but never acknowledged
-            # after this long, so keep it short.
-            config=ConsumerConfig(ack_wait=EVENTS_ACK_WAIT_S, max_ack_pending=20_000),
+
+        async def subscribe():
+            return await c.js.pull_subscribe(
+                subjects.events_all(c.region),
+                durable=subjects.events_consumer(),
+                stream=subjects.events_stream(c.region),
+                # A new leader gets what its predecessor fetched but never acknowledged
+                # after this long, so keep it short.
+                config=ConsumerConfig(ack_wait=EVENTS_ACK_WAIT_S, max_ack_pending=20_000),
+            )
+
+        return PullLoop(
+            "leader-events", subscribe, self._handle_events, batch=512, wait_s=1.0, linger_s=0.002
         )
-        while True:
-            try:
-                msgs = await psub.fetch(1, timeout=1.0)
-            except (TimeoutError, NatsTimeout):
-                continue
-            except Exception as exc:
-                log.debug("events fetch: %s", exc)
-                await asyncio.sleep(0.2)
-                continue
-            with contextlib.suppress(NatsTimeout, asyncio.TimeoutError):
-                msgs += await psub.fetch(511, timeout=0.002)
-            await self._handle_events(msgs)
 
     async def _handle_events(self, msgs) -> None:
         updates: list[TaskUpdated] = []
@@ -387,6 +410,8 @@ class Leader:
         if updates:
             try:
                 await self.writer.append(updates)
+            except Fenced:
+                return  # stepping down: the next leader gets them after their ack_wait
             except Unavailable as exc:
                 log.warning("events not logged, will be redelivered: %s", exc)
                 for msg in msgs:

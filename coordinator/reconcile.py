@@ -115,9 +115,10 @@ def _lose_tasks_a_node_forgot(
 ) -> None:
     """A RUNNING task its node's heartbeats have stopped listing for FORGOTTEN_AFTER_S is
     LOST: the agent restarted without it (a corrupt store, a hollow fleet restarted inside
-    the down deadline) and nobody would ever report its end. A task that just ended also
-    drops off the list before its last event is logged, hence the wait: that event comes
-    well within it. Times are the agent's own clock (heartbeat and task events alike)."""
+    the down deadline) and nobody would ever report its end. A node keeps listing a task
+    that ended until its outcome is stored (even while JetStream is away), so the wait
+    only has to cover a heartbeat crossing that outcome, and agents older than that.
+    Times are the agent's own clock (heartbeat and task events alike)."""
     checked: dict[str, int] = state.memo.setdefault("forgot_checked", {})
     missing: dict[tuple[str, int], float] = state.memo.setdefault("forgot_missing", {})
     for key in [k for k in missing if _not_running(state, k)]:

@@ -132,19 +132,18 @@ async def test_nats_server_of_three_killed_and_restarted_under_load(tmp_path):
         await asyncio.sleep(1.0)  # load goes on with the server back
         stop.set()
         await task
+        # Assignments fetched on the dead server come again after the consumer's ack_wait
+        # (30 s): every acknowledged job ends within that and a margin.
+        deadline = time.monotonic() + 60
         stuck = []
         for job_id in acked.values():
-            if stuck:  # already waited: the rest are looked at, not waited for
-                job = await region.client.job(job_id)
-                if job["state"] not in ("SUCCEEDED", "FAILED", "KILLED"):
-                    stuck.append(job)
-                    continue
-            else:
-                try:
-                    job = await region.client.wait(job_id, timeout=15)
-                except TimeoutError:
-                    stuck.append(await region.client.job(job_id))
-                    continue
+            try:
+                job = await region.client.wait(
+                    job_id, timeout=max(1.0, deadline - time.monotonic())
+                )
+            except TimeoutError:
+                stuck.append(await region.client.job(job_id))
+                continue
             assert job["state"] == "SUCCEEDED", job
         log = await read_log(js)
         # Whatever else happened: every acknowledged job is in the log, nothing ran twice.
@@ -155,16 +154,7 @@ async def test_nats_server_of_three_killed_and_restarted_under_load(tmp_path):
         placed, running = placed_and_running(log)
         assert max(placed.values(), default=1) == 1, placed.most_common(3)
         assert max(running.values(), default=1) == 1, running.most_common(3)
-        if stuck:
-            ci = await js.consumer_info(subjects.assign_stream("default"), "fleet_hollow")
-            if ci.num_pending and all(j["task_list"][0]["state"] == "PLACED" for j in stuck):
-                pytest.xfail(
-                    f"known bug (reported): {len(stuck)} jobs placed after the kill stay "
-                    f"PLACED; the fleet's assignment consumer has {ci.num_pending} pending "
-                    f"but delivers nothing since {ci.delivered.last_active} (its pull loop "
-                    "does not recover from the server's death)"
-                )
-        assert not stuck, f"{len(stuck)} acknowledged jobs never ended"
+        assert not stuck, f"{len(stuck)} acknowledged jobs never ended: {stuck[:3]}"
         assert len(running) == len(placed)
         print(f"killed {leader_name}: writes resumed within {gap:.1f}s; {len(acked)} jobs")
     finally:

@@ -23,7 +23,7 @@ from collections import Counter
 import pytest
 from nats.js.errors import NotFoundError
 
-from coordinator.joblog import Fenced, LogWriter
+from coordinator.joblog import Fenced, LogWriter, Unavailable
 from coordinator.state import RegionState
 from mesh import subjects
 from mesh.client import MeshClient
@@ -189,7 +189,9 @@ async def _noop() -> None:
 async def test_an_own_append_that_landed_after_a_timeout_does_not_fence_the_writer(nc):
     """An append whose acknowledgement was lost may still land; the follower then applies
     it. The log moved past the writer's last append, but by the writer itself: it must go
-    on writing, not step down."""
+    on writing, not step down. What was queued meanwhile was decided without the late
+    entry (a task placed again), so that append is refused as Unavailable, for the
+    caller to decide again; the next one goes after the late entry."""
     js = nc.jetstream()
     await ensure_streams(js, REGION)
     state = RegionState()
@@ -200,15 +202,23 @@ async def test_an_own_append_that_landed_after_a_timeout_does_not_fence_the_writ
     ghost = LogEntry(term=1, leader_id="me", events=(JobKillRequested("x", 0.0, "r"),))
     ack = await js.publish(subjects.job_log(REGION), encode(ghost))
     state.apply(ack.seq, ghost)
+    with pytest.raises(Unavailable, match="decide again"):
+        await w.append([JobKillRequested("y", 0.0, "r")])
+    assert not w.fenced
     seq = await w.append([JobKillRequested("y", 0.0, "r")])
     assert seq == ack.seq + 1 and not w.fenced
+    assert [e.events for _, e in await read_log(js)][-2:] == [
+        ghost.events,
+        (JobKillRequested("y", 0.0, "r"),),
+    ]
     await w.stop()
 
 
 async def test_an_own_late_append_the_follower_has_not_applied_yet_does_not_fence(nc):
     """The append is refused for a wrong last sequence because our own timed-out entry
-    landed and the follower has not applied it yet: the writer waits for the follower,
-    sees its own term, and writes after it. Had another leader written, it would fence."""
+    landed and the follower has not applied it yet: the writer reads it back, sees its
+    own term, applies it, and has the caller decide again. Had another leader written,
+    it would fence."""
     js = nc.jetstream()
     await ensure_streams(js, REGION)
     state = RegionState()
@@ -218,6 +228,9 @@ async def test_an_own_late_append_the_follower_has_not_applied_yet_does_not_fenc
     ghost = LogEntry(term=1, leader_id="me", events=(JobKillRequested("x", 0.0, "r"),))
     ack = await js.publish(subjects.job_log(REGION), encode(ghost))
     asyncio.get_running_loop().call_later(0.3, state.apply, ack.seq, ghost)  # a late follower
+    with pytest.raises(Unavailable, match="decide again"):
+        await w.append([JobKillRequested("y", 0.0, "r")])
+    assert state.last_seq == ack.seq and not w.fenced  # the writer applied it itself
     seq = await w.append([JobKillRequested("y", 0.0, "r")])
     assert seq == ack.seq + 1 and not w.fenced
     # Now another leader's entry, applied late as well: that one fences.
