@@ -12,6 +12,7 @@ from coordinator.pools import (
     PendingJob,
     RunningJob,
     admit,
+    any_over_entitlement,
     choose_victims,
     compute_entitlement,
     format_amount,
@@ -139,6 +140,8 @@ def preemptions(
 ) -> tuple[list[TaskPreemptRequested], dict[str, int]]:
     """Reclaim capacity for pools below their entitlement from pools above theirs, whole
     gangs at a time, after `cycles` consecutive rounds over entitlement."""
+    if not any_over_entitlement(view.allocation, view.entitlement):
+        return [], {}  # what choose_victims would say, without visiting every task
     choice = choose_victims(
         state.pools,
         view.capacity,

@@ -258,9 +258,8 @@ def _place_waiting(
     if not ready:
         d.unplaced.update({job.job_id: "no ready nodes" for job in waiting})
         return
-    capacity = Resources()
-    for v in ready:
-        capacity = capacity + v.state.capacity
+    snap = snapshot(ready, state)
+    capacity = Resources(*(int(x) for x in snap.cap.sum(axis=0)))  # not a sum of 5,000 objects
     key = (state.last_seq, capacity)
     cached = state.memo.get("pool_view")
     if cached is not None and cached[0] == key:
@@ -280,15 +279,20 @@ def _place_waiting(
     # and snapshot (nothing changed), until something is placed, the whole queue has been
     # looked at, or `windows_per_round` windows were; only a whole queue with nothing
     # placed makes the round idle. (Else a 100,000-job queue took a window per wake-up.)
-    snap = snapshot(ready, state)
+    parked = _parked(state, (state.releases, snap.ids), now)
+    if parked:
+        waiting = [j for j in waiting if j.job_id not in parked]
+        d.unplaced.update({j: why for j, (_, why) in parked.items()})
     cursor = state.memo.get("window_cursor", 0)
     rest = len(waiting) - config.window_jobs  # the rotating part: the head is in each
     covered = 0
-    for _ in range(config.windows_per_round):
+    placed: tuple[Placement, ...] = ()
+    for _ in range(config.windows_per_round if waiting else 0):
         looked, cursor = window(waiting, cursor, config.window_jobs)
         covered = len(waiting) if len(looked) == len(waiting) else covered + config.window_jobs
-        why, placed = _place_window(state, ready, snap, looked, d.pools, now, config)
+        why, placed, misfits = _place_window(state, ready, snap, looked, d.pools, now, config)
         d.unplaced.update(why)
+        _park(parked, misfits, state, now, config, why)
         if placed or covered >= rest:
             break
     state.memo["window_cursor"] = cursor
@@ -299,6 +303,43 @@ def _place_waiting(
         state.memo["placement_idle"] = (idle_key, dict(d.unplaced))
 
 
+PARK_S = 1.0  # the longest a job that fit no node waits before it is looked at again
+
+
+def _parked(state: RegionState, epoch: tuple, now: float) -> dict[str, tuple[float, str]]:
+    """Jobs that fit no node when last looked at, and have not been looked at since:
+    until a task gives back what it held or the ready nodes change (`epoch`), they
+    would not fit again, so a round does not look at them (a backlog that fits nowhere
+    made every round, for every new job, re-place it). What a heartbeat changes (GPU
+    load and memory measured) is caught by looking again after PARK_S."""
+    memo = state.memo.get("parked")
+    if memo is None or memo[0] != epoch:
+        memo = (epoch, {})
+        state.memo["parked"] = memo
+    parked: dict[str, tuple[float, str]] = memo[1]  # type: ignore[assignment]
+    for job_id in [j for j, (until, _) in parked.items() if until <= now]:
+        del parked[job_id]
+    return parked
+
+
+def _park(
+    parked: dict[str, tuple[float, str]],
+    misfits: frozenset[str],
+    state: RegionState,
+    now: float,
+    config: PlacementConfig,
+    why: dict[str, str],
+) -> None:
+    """A gang that holds the line, or will within PARK_S, is not parked: it must be
+    looked at to hold it (see `holds_line`)."""
+    soon = config.starve_after_s - PARK_S
+    for job_id in misfits:
+        job = state.jobs[job_id]
+        if job.spec.placement.gang and len(job.tasks) > 1 and now - job.pending_since >= soon:
+            continue
+        parked[job_id] = (now + PARK_S, why[job_id])
+
+
 def _place_window(
     state: RegionState,
     ready: list[NodeView],
@@ -307,11 +348,13 @@ def _place_window(
     pools: PoolView,
     now: float,
     config: PlacementConfig,
-) -> tuple[dict[str, str], tuple[Placement, ...]]:
-    """Admission and placement for one window of the queue: why jobs wait, what placed."""
+) -> tuple[dict[str, str], tuple[Placement, ...], frozenset[str]]:
+    """Admission and placement for one window of the queue: why jobs wait, what placed,
+    and which admitted jobs were looked at and fit no node (none of their tasks placed,
+    no gang holding the line in front of them)."""
     admitted, blocked = admitted_jobs(state, pools, waiting)
     if not admitted:
-        return blocked, ()
+        return blocked, (), frozenset()
     result = place_jobs(
         state, ready, [j for j in waiting if j.job_id in admitted], now, config, snap
     )
@@ -325,4 +368,9 @@ def _place_window(
             jobs = [j for j in waiting if j.job_id in again]
             result = place_jobs(state, ready, jobs, now, config, snap)
             blocked = {j: r for j, r in still_blocked.items() if j not in misfits} | why
-    return {**blocked, **result.unplaced}, result.placed
+            misfits = misfits | frozenset(j for j in result.unplaced if j in again)
+    if result.line_held_by:
+        misfits = frozenset()
+    elif misfits:
+        misfits = misfits - {p.job_id for p in result.placed}
+    return {**blocked, **result.unplaced}, result.placed, misfits

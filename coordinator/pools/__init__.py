@@ -22,7 +22,12 @@ from coordinator.pools.entitlement import (
     wants,
 )
 from coordinator.pools.jobs import PendingJob, RunningJob
-from coordinator.pools.preemption import Victim, VictimChoice, choose_victims
+from coordinator.pools.preemption import (
+    Victim,
+    VictimChoice,
+    any_over_entitlement,
+    choose_victims,
+)
 from coordinator.pools.tree import (
     POOL_KINDS,
     ROOT,
@@ -49,6 +54,7 @@ __all__ = [
     "Victim",
     "VictimChoice",
     "admit",
+    "any_over_entitlement",
     "choose_victims",
     "compute_entitlement",
     "demand_by_pool",

@@ -36,7 +36,7 @@ from coordinator.pools.jobs import RunningJob
 from coordinator.pools.tree import POOL_KINDS, PoolTree, format_amount
 from workloads.resources import Resources
 
-__all__ = ["Victim", "VictimChoice", "choose_victims"]
+__all__ = ["Victim", "VictimChoice", "any_over_entitlement", "choose_victims"]
 
 _ZERO = Resources()
 
@@ -59,6 +59,20 @@ class Victim:
 class VictimChoice(NamedTuple):
     victims: list[Victim]
     over_counts: dict[str, int]
+
+
+def any_over_entitlement(
+    allocation: Mapping[str, Resources], entitlement: Mapping[str, Resources]
+) -> bool:
+    """Whether a leaf holds more than its entitlement in what victims are chosen by.
+    When none does (`allocation` may be a superset of what `choose_victims` sums: it may
+    include jobs being reclaimed), `choose_victims` finds no donor and carries no count:
+    no victims, empty counts, without building the running-job list it needs."""
+    for pool, held in allocation.items():
+        ent = _vec(entitlement.get(pool, _ZERO))
+        if any(a > e for a, e in zip(_vec(held), ent, strict=True)):
+            return True
+    return False
 
 
 def choose_victims(

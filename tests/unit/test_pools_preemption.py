@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.pools import RunningJob, choose_victims, parse_pool_tree
+from coordinator.pools import RunningJob, any_over_entitlement, choose_victims, parse_pool_tree
 from workloads.resources import Resources
 
 TREE = parse_pool_tree("""
@@ -189,3 +189,30 @@ def test_victim_properties(jobs, e_batch, e_web, want, spare):
         mine = [v.frees.gpu for v in c.victims if v.pool == p]
         if mine:
             assert sum(mine) - max(mine) < alloc[p] - ent[p].gpu
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["/batch", "/web", "/ml/nlp", "/ml/vision"]),
+                          st.integers(1, 4), st.booleans()), max_size=10),
+       st.dictionaries(st.sampled_from(["/batch", "/web", "/ml/nlp", "/ml/vision"]),
+                       st.integers(0, 16), min_size=4, max_size=4),
+       st.integers(0, 12), st.integers(0, 2))
+def test_no_pool_over_its_entitlement_means_no_victims_and_no_counts(jobs, ent, want, extra):
+    """The leader skips building the running-job list when `any_over_entitlement` is
+    False: that must be exactly when choose_victims has nothing to say. `extra` GPUs
+    of the allocation are held by jobs being reclaimed (counted in the allocation the
+    leader passes, not in the running list)."""
+    running = [RunningJob(f"j{i}", pool, gpus(n), preemptible=pre)
+               for i, (pool, n, pre) in enumerate(jobs)]
+    entitlement = {p: gpus(v) for p, v in ent.items()}
+    allocation: dict[str, Resources] = {}
+    for j in running:
+        allocation[j.pool] = allocation.get(j.pool, Resources()) + j.resources
+    if extra:
+        allocation["/batch"] = allocation.get("/batch", Resources()) + gpus(extra)
+    c = choose_victims(TREE, CAP, entitlement, running, {"/ml/vision": gpus(want)},
+                       {"/web": 2}, cycles=1)
+    if not any_over_entitlement(allocation, entitlement):
+        assert c.victims == [] and c.over_counts == {}
+    else:  # and it is never False when a pool really is over (the allocation is a superset)
+        assert any(j.resources.gpu for j in running) or extra

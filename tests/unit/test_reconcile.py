@@ -707,3 +707,73 @@ def test_a_round_looks_past_windows_where_nothing_fits():
     one = PlacementConfig(window_jobs=2, windows_per_round=1)  # one window per round
     d = reconcile(log.state, cluster(view("a", cpu=4000)), NOW, one)
     assert placements(d) == []
+
+
+def spy_on_placement(monkeypatch) -> list[list[str]]:
+    """The job ids each placement call is given, in order."""
+    import coordinator.reconcile as rec
+
+    looked: list[list[str]] = []
+    real = rec.place_jobs
+
+    def spy(state, ready, jobs, *a, **kw):
+        looked.append([j.job_id for j in jobs])
+        return real(state, ready, jobs, *a, **kw)
+
+    monkeypatch.setattr(rec, "place_jobs", spy)
+    return looked
+
+
+def test_a_job_that_fits_no_node_is_parked_until_something_is_released(monkeypatch):
+    """A job that fits no node is not placed again by every round (each new job made the
+    whole backlog be re-placed): it is passed over, still saying why, until a task gives
+    back what it held, the ready nodes change, or PARK_S has passed."""
+    import coordinator.reconcile as rec
+
+    looked = spy_on_placement(monkeypatch)
+    log = Log()
+    log.submit("old", count=1, cpu="2")
+    log.run("old.w.0", "a")
+    log.submit("wide", count=1, cpu="7")  # 12 cores in the region, 7 free nowhere
+    nodes = cluster(view("a", cpu=6000), view("b", cpu=6000))
+    d = log.step(nodes)
+    assert placements(d) == [] and "fits no node" in d.unplaced["wide"]
+    assert looked == [["wide"]]
+    log.submit("small", count=1, cpu="1")
+    d = log.step(nodes, NOW + 0.1)
+    assert [p[0] for p in placements(d)] == ["small.w.0"]
+    assert looked[-1] == ["small"]  # "wide" was not looked at again
+    assert "fits no node" in d.unplaced["wide"]  # and still says why
+    d = log.step(nodes, NOW + 0.2)
+    assert placements(d) == [] and "fits no node" in d.unplaced["wide"]
+    # Later than PARK_S: looked at again (a heartbeat may have changed what fits).
+    n = len(looked)
+    log.step(nodes, NOW + 0.2 + rec.PARK_S)
+    assert looked[n:] == [["wide"]]
+    # A release: "old" ends; b... still 6 cores each: 7 fits nowhere, but it is looked at.
+    log.update("old.w.0", S.SUCCEEDED)
+    n = len(looked)
+    log.step(nodes, NOW + 0.3 + rec.PARK_S)
+    assert looked[n:] == [["wide"]]
+    # New ready nodes: looked at, and placed on the node it fits.
+    d = log.step({**nodes, **cluster(view("c", cpu=8000))}, NOW + 0.4 + rec.PARK_S)
+    assert placements(d) == [("wide.w.0", "c", 1)]
+
+
+def test_a_gang_about_to_hold_the_line_is_not_parked(monkeypatch):
+    import coordinator.reconcile as rec
+    from coordinator.scheduling import PlacementConfig
+
+    looked = spy_on_placement(monkeypatch)
+    config = PlacementConfig(starve_after_s=30.0)
+    log = Log()
+    log.submit("gang", count=3, cpu="4")  # 12 of 12 cores, 2 tasks fit: the gang waits
+    nodes = cluster(view("a", cpu=6000), view("b", cpu=6000))
+    t0 = log.state.jobs["gang"].pending_since
+    reconcile(log.state, nodes, t0 + 1.0, config)
+    reconcile(log.state, nodes, t0 + 1.1, config)
+    assert looked == [["gang"]]  # young: parked
+    late = t0 + config.starve_after_s - rec.PARK_S / 2
+    reconcile(log.state, nodes, late, config)
+    reconcile(log.state, nodes, late + 1.0, config)  # (a round in the same second is idle)
+    assert looked[1:] == [["gang"], ["gang"]]  # about to hold the line: looked at each round
