@@ -33,7 +33,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -865,6 +865,26 @@ class ProcessExecutor:
         if _read_exit(task_dir) is not None or self._alive(pid, start_time, meta):
             return handle
         return None
+
+    def orphans(self, known: Iterable[str]) -> list[ProcessHandle]:
+        """Runs recorded in the work dir, still alive, that are none of `known` (the
+        task ids the agent's store has). After the store was lost (corrupt, deleted)
+        nothing else would ever stop them: the coordinator runs the task again
+        elsewhere, and this copy would run on unmanaged."""
+        mine = {task_dir_name(t) for t in known}
+        found = []
+        with contextlib.suppress(OSError):
+            for task_dir in sorted(self.work_dir.iterdir()):
+                if task_dir.name in mine or task_dir.is_symlink() or not task_dir.is_dir():
+                    continue
+                meta = _read_meta(task_dir)
+                if meta is None or _read_exit(task_dir) is not None:
+                    continue
+                if self._alive(meta.pid, meta.start_time, meta):
+                    found.append(
+                        ProcessHandle(task_dir.name, meta.pid, meta.start_time, str(task_dir))
+                    )
+        return found
 
     def recorded(self, task_id: str) -> ProcessHandle | None:
         """The handle start() wrote down for this task before releasing its command.

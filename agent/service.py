@@ -146,6 +146,7 @@ class Agent:
         self.js = self.nc.jetstream(timeout=5.0)
         await ensure_streams(self.js, self.region, agent=True)
         await self._readopt()
+        await self._stop_orphans()
         if self.gpus.is_open:
             # It measures only GPUs that MIG or MPS do not cover, and idles when none is left,
             # so a daemon that comes or goes later changes what it watches, not whether it runs.
@@ -624,6 +625,14 @@ class Agent:
                 )
                 continue
             await self._launch(rec, assignment)
+
+    async def _stop_orphans(self) -> None:
+        """Task processes this agent's store does not know (it was lost): stopped, not
+        left to run beside the copy the coordinator starts in their place."""
+        known = {_exec_id(r.task_id, r.attempt) for r in await self.store.active()}
+        for handle in self.executor.orphans(known):
+            log.warning("stopping pid %d: a task run this agent has no record of", handle.pid)
+            await self.executor.kill(handle, 1.0, reason="orphan: the agent lost its record")
 
     async def _finish_later(self, rec: TaskRecord, state: str, message: str) -> None:
         rec.state = state

@@ -50,8 +50,8 @@ def test_public_surface():
     assert set(pools.__all__) == {
         "Admission", "POOL_KINDS", "PendingJob", "PoolConfigError", "PoolSpec", "PoolTree",
         "PoolType", "ROOT", "ResourceSpec", "RunningJob", "Victim", "VictimChoice", "admit",
-        "any_over_entitlement", "choose_victims", "compute_entitlement", "demand_by_pool", "format_amount",
-        "parse_pool_tree", "reservation_shortfall", "sum_by_pool", "wants",
+        "any_over_entitlement", "choose_victims", "compute_entitlement", "demand_by_pool",
+        "format_amount", "parse_pool_tree", "reservation_shortfall", "sum_by_pool", "wants",
     }
     assert all(hasattr(pools, name) for name in pools.__all__)
 
