@@ -43,7 +43,8 @@ Handler = Callable[[AssignmentMessage], Awaitable[None]]
 
 
 class _Feed:
-    """Assignments read by a `PullLoop`, each message handed to `_handle`."""
+    """Assignments read by a `PullLoop`: a feed defines `_subscribe` (the consumer's
+    subscription) and `_handle` (one message)."""
 
     name = ""
     batch = 256
@@ -54,7 +55,7 @@ class _Feed:
     async def start(self) -> None:
         self._pull = PullLoop(
             self.name,
-            self._subscribe,
+            self._subscribe,  # type: ignore[attr-defined]
             self._handle_all,
             batch=self.batch,
             wait_s=self.wait_s,
@@ -69,13 +70,7 @@ class _Feed:
 
     async def _handle_all(self, msgs) -> None:
         for msg in msgs:
-            await self._handle(msg)
-
-    async def _subscribe(self):
-        raise NotImplementedError
-
-    async def _handle(self, msg) -> None:
-        raise NotImplementedError
+            await self._handle(msg)  # type: ignore[attr-defined]
 
 
 class AssignmentFeed(_Feed):

@@ -19,7 +19,7 @@ from nats.js.api import ConsumerConfig
 from coordinator.cluster import NodeView
 from coordinator.joblog import Fenced, LogWriter, Unavailable
 from coordinator.pooling import PoolView, preemptions
-from coordinator.reconcile import Kill, agent_event, reconcile
+from coordinator.reconcile import Kill, agent_event, reconcile, still_placed
 from coordinator.state import TaskRecord
 from mesh import subjects
 from mesh.codec import WireError, decode, encode
@@ -106,8 +106,8 @@ class Leader:
         self._kills_sent: dict[tuple[str, str, int], float] = {}
         self._over_counts: dict[str, int] = {}
         self._last_preempt = 0.0
-        self._unsent: dict[tuple[str, int], TaskRecord] = {}
-        self._in_doubt: dict[tuple[str, int], None] = {}  # placed, append outcome unknown
+        self._unsent: set[tuple[str, int]] = set()  # placed, assignment not acknowledged
+        self._in_doubt: set[tuple[str, int]] = set()  # placed, append outcome unknown
         self._doubt_mark = 0  # writer.appends when the last of them was added
         self._sending: set[asyncio.Task[None]] = set()
 
@@ -180,7 +180,11 @@ class Leader:
 
     async def reconcile_once(self) -> None:
         if self._in_doubt and self.writer.appends > self._doubt_mark:
-            self._settle_in_doubt()
+            # A later append was acknowledged: none of these can land any more (it
+            # expected the log's last sequence), so the state now tells which did, and
+            # those are sent like any unacknowledged assignment.
+            self._unsent |= self._in_doubt
+            self._in_doubt = set()
         if self._unsent:
             self._resend_unsent()
         for _ in range(MAX_ROUNDS):
@@ -201,7 +205,9 @@ class Leader:
             try:
                 await self.writer.append(d.events)
             except Unavailable:
-                self._in_doubt.update(((ev.task_id, ev.attempt), None) for ev in placed)
+                # It may have landed anyway (then applied by the follower or the writer)
+                # with its assignments never sent.
+                self._in_doubt.update((ev.task_id, ev.attempt) for ev in placed)
                 self._doubt_mark = self.writer.appends
                 raise
             if placed:
@@ -259,35 +265,17 @@ class Leader:
             items.append((AssignmentBatch(runs[0].node_id, runs), msg_id))
         keyed = [[(t.task_id, t.attempt) for t in b] for b in batches]  # attempts move on
         sent = await self._send(items)
-        for batch, keys, ok in zip(batches, keyed, sent, strict=True):
-            for t, key in zip(batch, keys, strict=True):
-                if ok:
-                    self._unsent.pop(key, None)
-                else:
-                    self._unsent[key] = t
-
-    def _settle_in_doubt(self) -> None:
-        """Placements whose append failed with its outcome unknown may have landed anyway
-        (the follower, or the writer, then applied them): their assignments were never
-        sent. Once a later append was acknowledged none of them can land any more (it
-        expected the log's last sequence), so the state tells which did."""
-        for tid, attempt in self._in_doubt:
-            cur = self.state.tasks.get(tid)
-            if cur is not None and cur.attempt == attempt and cur.state == "PLACED":
-                self._unsent[(tid, attempt)] = cur
-        self._in_doubt = {}
+        for keys, ok in zip(keyed, sent, strict=True):
+            if ok:
+                self._unsent.difference_update(keys)
+            else:
+                self._unsent.update(keys)
 
     def _resend_unsent(self) -> None:
         """Placements whose assignment did not reach the stream: send them again while
         they are still this attempt's (a message id makes a repeat harmless)."""
-        due = [
-            cur
-            for (tid, attempt) in list(self._unsent)
-            if (cur := self.state.tasks.get(tid)) is not None
-            and cur.attempt == attempt
-            and cur.state == "PLACED"
-        ]
-        self._unsent = {(t.task_id, t.attempt): t for t in due}
+        due = still_placed(self.state, self._unsent)
+        self._unsent = {(t.task_id, t.attempt) for t in due}
         if due:
             self._publish_in_background(due)
 

@@ -7,13 +7,14 @@ nothing changes, so each rule here only needs to take one step.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from coordinator.cluster import DOWN, READY, NodeView
 from coordinator.placement import Placement, Snapshot
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
 from coordinator.scheduling import PlacementConfig, place_jobs, snapshot, window
-from coordinator.state import HOLDING, JobRecord, RegionState
+from coordinator.state import HOLDING, JobRecord, RegionState, TaskRecord
 from mesh.schema import LogEvent, TaskEvent, TaskPlaced, TaskUpdated
 from workloads.lifecycle import ENDED, FINAL, TaskState
 from workloads.resources import Resources
@@ -94,6 +95,17 @@ def agent_event(state: RegionState, ev: TaskEvent) -> TaskUpdated | Kill | None:
         ev.attempt,
         "stale copy: this attempt is no longer assigned to this node",
     )
+
+
+def still_placed(state: RegionState, keys: Iterable[tuple[str, int]]) -> list[TaskRecord]:
+    """Of these placements (task, attempt), those the state has PLACED at that attempt:
+    whose assignment is still worth sending. In task order."""
+    due = []
+    for tid, attempt in sorted(keys):
+        t = state.tasks.get(tid)
+        if t is not None and t.attempt == attempt and t.state == TaskState.PLACED:
+            due.append(t)
+    return due
 
 
 def _lose_tasks_on_down_nodes(

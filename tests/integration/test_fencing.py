@@ -186,21 +186,28 @@ async def _noop() -> None:
     return None
 
 
-async def test_an_own_append_that_landed_after_a_timeout_does_not_fence_the_writer(nc):
-    """An append whose acknowledgement was lost may still land; the follower then applies
-    it. The log moved past the writer's last append, but by the writer itself: it must go
-    on writing, not step down. What was queued meanwhile was decided without the late
-    entry (a task placed again), so that append is refused as Unavailable, for the
-    caller to decide again; the next one goes after the late entry."""
+async def _writer_and_its_late_append(nc):
+    """A writer of term 1 that has appended its LeaderElected, and an entry of its own
+    term put on the log behind its back: what an append whose ack timed out leaves."""
     js = nc.jetstream()
     await ensure_streams(js, REGION)
     state = RegionState()
     w = LogWriter(js, REGION, state, 1, "me", _noop)
     w.start()
     await w.append([LeaderElected(1, "me", time.time())])
-    # What a timed-out append of ours leaves: on the log, applied by the follower.
     ghost = LogEntry(term=1, leader_id="me", events=(JobKillRequested("x", 0.0, "r"),))
     ack = await js.publish(subjects.job_log(REGION), encode(ghost))
+    return js, state, w, ghost, ack
+
+
+async def test_an_own_append_that_landed_after_a_timeout_does_not_fence_the_writer(nc):
+    """An append whose acknowledgement was lost may still land; the follower then applies
+    it. The log moved past the writer's last append, but by the writer itself: it must go
+    on writing, not step down. What was queued meanwhile was decided without the late
+    entry (a task placed again), so that append is refused as Unavailable, for the
+    caller to decide again; the next one goes after the late entry."""
+    js, state, w, ghost, ack = await _writer_and_its_late_append(nc)
+    # What a timed-out append of ours leaves: on the log, applied by the follower.
     state.apply(ack.seq, ghost)
     with pytest.raises(Unavailable, match="decide again"):
         await w.append([JobKillRequested("y", 0.0, "r")])
@@ -219,14 +226,7 @@ async def test_an_own_late_append_the_follower_has_not_applied_yet_does_not_fenc
     landed and the follower has not applied it yet: the writer reads it back, sees its
     own term, applies it, and has the caller decide again. Had another leader written,
     it would fence."""
-    js = nc.jetstream()
-    await ensure_streams(js, REGION)
-    state = RegionState()
-    w = LogWriter(js, REGION, state, 1, "me", _noop)
-    w.start()
-    await w.append([LeaderElected(1, "me", time.time())])
-    ghost = LogEntry(term=1, leader_id="me", events=(JobKillRequested("x", 0.0, "r"),))
-    ack = await js.publish(subjects.job_log(REGION), encode(ghost))
+    js, state, w, ghost, ack = await _writer_and_its_late_append(nc)
     asyncio.get_running_loop().call_later(0.3, state.apply, ack.seq, ghost)  # a late follower
     with pytest.raises(Unavailable, match="decide again"):
         await w.append([JobKillRequested("y", 0.0, "r")])

@@ -777,3 +777,15 @@ def test_a_gang_about_to_hold_the_line_is_not_parked(monkeypatch):
     reconcile(log.state, nodes, late, config)
     reconcile(log.state, nodes, late + 1.0, config)  # (a round in the same second is idle)
     assert looked[1:] == [["gang"], ["gang"]]  # about to hold the line: looked at each round
+
+
+def test_still_placed_keeps_only_placements_the_state_has_at_that_attempt():
+    from coordinator.reconcile import still_placed
+
+    log = Log()
+    log.submit("j", count=3)
+    log.place("j.w.0", "a")
+    log.run("j.w.1", "a")  # RUNNING: its assignment arrived
+    log.place("j.w.2", "b")
+    keys = {("j.w.2", 1), ("j.w.0", 1), ("j.w.1", 1), ("j.w.0", 2), ("gone", 1)}
+    assert [t.task_id for t in still_placed(log.state, keys)] == ["j.w.0", "j.w.2"]
