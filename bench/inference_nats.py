@@ -52,8 +52,8 @@ REGION = "bench"
 MODEL = "mlp"
 
 
-def _loadgen(url: str, *args: str, timeout: float = 120.0) -> dict:
-    cmd = [
+def _loadgen_cmd(url: str, *args: str) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "inference.loadgen",
@@ -65,6 +65,10 @@ def _loadgen(url: str, *args: str, timeout: float = 120.0) -> dict:
         MODEL,
         *args,
     ]
+
+
+def _loadgen(url: str, *args: str, timeout: float = 120.0) -> dict:
+    cmd = _loadgen_cmd(url, *args)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -86,23 +90,7 @@ def _loadgens(url: str, clients: int, *args: str, watch: dict[str, int] | None =
             args_l[i] = str(int(share)) if flag == "--concurrency" else str(share)
     with tempfile.TemporaryDirectory(prefix="lat-") as d:
         cmds = [
-            [
-                sys.executable,
-                "-m",
-                "inference.loadgen",
-                "--nats",
-                url,
-                "--region",
-                REGION,
-                "--model",
-                MODEL,
-                "--seed",
-                str(i + 1),
-                "--lat-out",
-                f"{d}/{i}.npy",
-                "--marks",
-                *args_l,
-            ]
+            _loadgen_cmd(url, "--seed", str(i + 1), "--lat-out", f"{d}/{i}.npy", "--marks", *args_l)
             for i in range(clients)
         ]
         ps = [

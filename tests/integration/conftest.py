@@ -34,6 +34,20 @@ async def eventually(pred, timeout=15.0, interval=0.05):
         await asyncio.sleep(interval)
 
 
+def run_mesh(
+    *args: str, env: dict, timeout: float = 60.0, stdin: str | None = None
+) -> subprocess.CompletedProcess:
+    """The `mesh` CLI as a user runs it, in a child process; its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "mesh.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=stdin,
+    )
+
+
 class Region:
     """Components started in-process against one real nats-server."""
 

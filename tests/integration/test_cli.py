@@ -12,16 +12,7 @@ import time
 import psutil
 import pytest
 
-
-def mesh(*args: str, env: dict, timeout: float = 60.0, stdin: str | None = None):
-    return subprocess.run(
-        [sys.executable, "-m", "mesh.cli.main", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        input=stdin,
-    )
+from .conftest import run_mesh
 
 
 @pytest.fixture
@@ -58,46 +49,46 @@ def test_up_then_commands_from_another_terminal(mesh_up, tmp_path):
 
     ok = tmp_path / "ok.yaml"
     ok.write_text("name: cli-ok\ntasks:\n  - role: main\n    command: echo from-cli\n")
-    r = mesh("job", "run", str(ok), "--wait", env=env)
+    r = run_mesh("job", "run", str(ok), "--wait", env=env)
     assert r.returncode == 0, r.stderr
     assert "SUCCEEDED" in r.stdout
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: cli-bad\ntasks:\n  - role: main\n    command: exit 4\n")
-    r = mesh("--json", "job", "run", str(bad), "--wait", env=env)
+    r = run_mesh("--json", "job", "run", str(bad), "--wait", env=env)
     assert r.returncode == 1
     job = json.loads(r.stdout)
     assert job["state"] == "FAILED" and job["task_list"][0]["exit_code"] == 4
 
     invalid = tmp_path / "invalid.yaml"
     invalid.write_text("name: x\ntasks:\n  - role: main\n    count: -1\n    command: true\n")
-    r = mesh("job", "run", str(invalid), env=env)
+    r = run_mesh("job", "run", str(invalid), env=env)
     assert r.returncode == 2 and "tasks[0].count" in r.stderr
 
-    r = mesh("--json", "job", "list", env=env)
+    r = run_mesh("--json", "job", "list", env=env)
     assert r.returncode == 0
     names = sorted(j["name"] for j in json.loads(r.stdout))
     assert names == ["cli-bad", "cli-ok"]
 
     ok_id = next(j["job_id"] for j in json.loads(r.stdout) if j["name"] == "cli-ok")
-    r = mesh("job", "logs", ok_id, env=env)
+    r = run_mesh("job", "logs", ok_id, env=env)
     assert r.returncode == 0 and r.stdout == "from-cli\n"
-    r = mesh("job", "status", ok_id, env=env)
+    r = run_mesh("job", "status", ok_id, env=env)
     assert r.returncode == 0 and ok_id in r.stdout and "SUCCEEDED" in r.stdout
 
-    r = mesh("--json", "node", "list", env=env)
+    r = run_mesh("--json", "node", "list", env=env)
     nodes = json.loads(r.stdout)
     assert len(nodes) == 3 and sum(n["simulated"] for n in nodes) == 2
-    r = mesh("node", "list", env=env)
+    r = run_mesh("node", "list", env=env)
     assert "STATUS" in r.stdout and "hollow-0000" in r.stdout
 
-    r = mesh("--json", "cluster", "info", env=env)
+    r = run_mesh("--json", "cluster", "info", env=env)
     info = json.loads(r.stdout)
     assert info["leader"].startswith("coordinator-") and info["jobs"] == {
         "SUCCEEDED": 1,
         "FAILED": 1,
     }
-    r = mesh("job", "status", "nope", env=env)
+    r = run_mesh("job", "status", "nope", env=env)
     assert r.returncode == 1 and "NOT_FOUND" in r.stderr
 
     # SIGINT stops everything `mesh up` started.
@@ -113,5 +104,5 @@ def test_up_then_commands_from_another_terminal(mesh_up, tmp_path):
 
 def test_unreachable_mesh_exits_3(tmp_path):
     env = {**os.environ, "MESH_HOME": str(tmp_path / "none")}
-    r = mesh("--nats", "nats://127.0.0.1:1", "job", "list", env=env)
+    r = run_mesh("--nats", "nats://127.0.0.1:1", "job", "list", env=env)
     assert r.returncode == 3 and "cannot reach NATS" in r.stderr

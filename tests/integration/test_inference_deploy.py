@@ -32,23 +32,13 @@ from mesh.cli.infer import model_jobs, request_once
 from mesh.client import MeshClient
 from mesh.connect import ClientTls, close_quietly, connect
 from mesh.security.identity import Identity
-from tests.integration.conftest import eventually
+from tests.integration.conftest import eventually, run_mesh
 from workloads.model import TASK_IDENTITY_VAR, WORKER_IDENTITY, WORKER_ROLE
 
 REPLICAS = 2
 # Far beyond what a batch takes even on a loaded machine; not more, because the router
 # holds a request up to about half its deadline to grow its batch (deferred batching).
 GENEROUS_MS = 3000
-
-
-def mesh(*args: str, env: dict, timeout: float = 60.0):
-    return subprocess.run(
-        [sys.executable, "-m", "mesh.cli.main", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -139,26 +129,26 @@ async def test_placed_replicas_serve_requests(pool):
 
 def test_cli_model_list_request_and_load(pool):
     env, _, _, _ = pool
-    r = mesh("--json", "model", "list", env=env)
+    r = run_mesh("--json", "model", "list", env=env)
     assert r.returncode == 0, r.stderr
     (row,) = json.loads(r.stdout)
     assert row["model"] == "mlp" and row["state"] == "RUNNING"
 
-    r = mesh("--json", "infer", "request", "--deadline-ms", str(GENEROUS_MS), env=env)
+    r = run_mesh("--json", "infer", "request", "--deadline-ms", str(GENEROUS_MS), env=env)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     want = mlp(0).forward(np.zeros((1, 32), "<f4"))[0]
     np.testing.assert_allclose(out["output"], want, rtol=1e-5, atol=1e-5)
 
-    r = mesh("infer", "request", "--deadline-ms", "0.01", env=env)
+    r = run_mesh("infer", "request", "--deadline-ms", "0.01", env=env)
     assert r.returncode == 1 and "DEADLINE" in r.stderr, r.stderr
 
-    r = mesh("infer", "request", "--input", "1,x", env=env)
+    r = run_mesh("infer", "request", "--input", "1,x", env=env)
     assert r.returncode == 2 and "--input" in r.stderr
 
     # A short run with a generous deadline: the figures are reported (their values are
     # the bench's business, not a test's).
-    r = mesh(
+    r = run_mesh(
         "--json",
         "infer",
         "load",
@@ -182,7 +172,7 @@ async def test_cli_model_deploy(pool):
     env, _, ctx, tmp = pool
     bad = tmp / "bad.yaml"
     bad.write_text("name: echo\nmemory: 1Gi\nresources: {memory: 512Mi}\n")
-    r = mesh("model", "deploy", str(bad), env=env)
+    r = run_mesh("model", "deploy", str(bad), env=env)
     assert r.returncode == 2 and "resources.memory" in r.stderr, r.stderr
 
     spec = tmp / "echo.yaml"
@@ -190,7 +180,7 @@ async def test_cli_model_deploy(pool):
         "name: echo\nruntime: profile\nmemory: 1Mi\nmax_batch: 8\n"
         "resources: {cpu: 100m}\nprofiles: {cpu: {a_ms: 1, b_ms: 0.1}}\n"
     )
-    r = mesh("model", "deploy", str(spec), env=env)
+    r = run_mesh("model", "deploy", str(spec), env=env)
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.strip()
     assert job_id.startswith("echo-")

@@ -163,8 +163,7 @@ async def test_impossible_deadlines_dropped_early_never_served_late(rig, nc):
 
 async def test_worker_killed_mid_batch_requests_redispatched_or_failed(rig, nc):
     router = await rig.start_router(batch_slack_ms=30.0)
-    w1 = await rig.worker(
-        "k1",
+    slow = dict(
         model="slowk",
         runtime="profile",
         a_ms=150.0,
@@ -173,16 +172,8 @@ async def test_worker_killed_mid_batch_requests_redispatched_or_failed(rig, nc):
         in_dim=4,
         hello_interval_s=0.2,
     )
-    await rig.worker(
-        "k2",
-        model="slowk",
-        runtime="profile",
-        a_ms=150.0,
-        b_ms=1.0,
-        max_batch=8,
-        in_dim=4,
-        hello_interval_s=0.2,
-    )
+    w1 = await rig.worker("k1", **slow)
+    await rig.worker("k2", **slow)
     await eventually(lambda: router.workers("slowk") == ["k1", "k2"], timeout=5)
     inp = np.ones(4, "<f4").tobytes()
     deadline_ms = 1500.0

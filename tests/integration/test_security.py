@@ -28,7 +28,7 @@ from mesh.security import pki
 from mesh.security.identity import Identity
 from mesh.security.permissions import server_users
 from mesh.server import EmbeddedServer, ServerConfig, TlsFiles
-from tests.integration.conftest import Region, eventually
+from tests.integration.conftest import Region, eventually, run_mesh
 
 R = "default"
 AGENT_A, AGENT_B = Identity.agent("node-a"), Identity.agent("node-b")
@@ -313,16 +313,6 @@ async def test_a_job_runs_end_to_end_over_tls(secure_region, secure_server):
 # ---------------------------------------------------------------- `mesh up`
 
 
-def _mesh(*args: str, env: dict, timeout: float = 30.0) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mesh.cli.main", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def _up(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, dict]:
     env = {**os.environ, "MESH_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
     for var in ("MESH_NATS_URL", "MESH_CERTS", "MESH_INSECURE", "MESH_USER"):
@@ -368,11 +358,11 @@ def test_mesh_up_is_secure_by_default(tmp_path):
         assert ctx["url"].startswith("tls://") and ctx["certs"]
         spec = tmp_path / "job.yaml"
         spec.write_text(SIM_JOB)
-        done = _mesh("job", "run", str(spec), "--wait", "--timeout", "20", env=env)
+        done = run_mesh("job", "run", str(spec), "--wait", "--timeout", "20", env=env, timeout=30.0)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "SUCCEEDED" in done.stdout
         # Without the context's certificates the same mesh refuses the CLI.
-        refused = _mesh("--insecure", "node", "list", env=env)
+        refused = run_mesh("--insecure", "node", "list", env=env, timeout=30.0)
         assert refused.returncode == 3, refused.stderr
         assert time.monotonic() - t0 < 30
     finally:
@@ -391,9 +381,9 @@ def test_mesh_up_insecure_nats_cluster_of_three(tmp_path):
         assert "certs" not in ctx
         spec = tmp_path / "job.yaml"
         spec.write_text(SIM_JOB)
-        done = _mesh("job", "run", str(spec), "--wait", "--timeout", "30", env=env)
+        done = run_mesh("job", "run", str(spec), "--wait", "--timeout", "30", env=env, timeout=30.0)
         assert done.returncode == 0, done.stdout + done.stderr
-        info = json.loads(_mesh("--json", "cluster", "info", env=env).stdout)
+        info = json.loads(run_mesh("--json", "cluster", "info", env=env, timeout=30.0).stdout)
         assert info["leader"]
 
         async def replicas() -> int:
