@@ -44,7 +44,7 @@ from bench._util import (
     summary_ms,
     with_state_dir,
 )
-from coordinator.cluster import NodeView
+from coordinator.cluster import ClusterView, NodeView
 from coordinator.scheduling import PlacementConfig, place_jobs
 from coordinator.state import RegionState
 from mesh import subjects
@@ -71,13 +71,12 @@ HEARTBEATS_PER_S = 1000  # the region's heartbeat budget (see Region)
 # ---------------------------------------------------------------- 1. core
 
 
-def hollow_views(nodes: int, seed: int) -> list[NodeView]:
-    """The NodeViews a leader would hold for a fleet of the standard mix."""
-    views = []
+def hollow_cluster(nodes: int, seed: int) -> ClusterView:
+    """The view a leader would hold of a fleet of the standard mix, every node heard."""
+    cluster = ClusterView(REGION)
     for i, inv in enumerate(inventory_mix(nodes, seed)):
-        node = HollowNode(f"hollow-{i:04d}", inv)
-        views.append(NodeView(node.state(REGION), 0.0))
-    return views
+        cluster.observe(HollowNode(f"hollow-{i:04d}", inv).state(REGION), 0.0)
+    return cluster
 
 
 def backlog_state(specs: list[dict]) -> RegionState:
@@ -119,7 +118,8 @@ def naive_place(views: list[NodeView], state: RegionState, limit: int) -> tuple[
 
 
 def core(args: argparse.Namespace) -> dict:
-    views = hollow_views(args.nodes, args.seed)
+    cluster = hollow_cluster(args.nodes, args.seed)
+    views = cluster.ready()
     jobs = generate(WorkloadConfig(seed=args.seed, tasks=args.backlog, duration_median_s=3600))
     t = time.perf_counter()
     state = backlog_state([j.spec for j in jobs])
@@ -127,7 +127,7 @@ def core(args: argparse.Namespace) -> dict:
     waiting = state.pending_jobs()
     t = time.perf_counter()
     whole = PlacementConfig(max_tasks_per_round=args.backlog)  # one round, all of it
-    result = place_jobs(state, views, waiting, time.time(), whole)
+    result = place_jobs(state, cluster, waiting, time.time(), whole)
     place_s = time.perf_counter() - t
     rate = len(result.placed) / place_s
     n_base, base_s = naive_place(views, state, args.baseline_tasks)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from nats.js.api import ConsumerConfig
 
-from coordinator.cluster import NodeView
 from coordinator.joblog import Fenced, LogWriter, Unavailable
 from coordinator.pooling import PoolView, preemptions
 from coordinator.reconcile import Kill, agent_event, reconcile, still_placed
@@ -30,7 +29,6 @@ from mesh.schema import (
     AssignmentBatch,
     LeaderElected,
     LogEvent,
-    NodeState,
     TaskEvent,
     TaskPlaced,
     TaskSpec,
@@ -157,9 +155,7 @@ class Leader:
         now, so if they stay silent they go DOWN and their tasks are LOST."""
         now = time.monotonic()
         for node_id in self.state.node_tasks:
-            if node_id not in self.coord.cluster.nodes:
-                placeholder = NodeState(node_id=node_id, region=self.coord.region, seq=0, ts=0.0)
-                self.coord.cluster.nodes[node_id] = NodeView(placeholder, now)
+            self.coord.cluster.expect(node_id, now)
 
     # ------------------------------------------------------------ reconcile
 
@@ -191,7 +187,7 @@ class Leader:
             self.coord.cluster.sweep(time.monotonic())
             now = time.time()
             # On the loop: the placement config's per-round budget and window bound it.
-            d = reconcile(self.state, self.coord.cluster.nodes, now, self.coord.config.placement)
+            d = reconcile(self.state, self.coord.cluster, now, self.coord.config.placement)
             self.unplaced = d.unplaced
             if d.kills:
                 await self._send_kills(d.kills)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from coordinator.cluster import DOWN, READY, NodeView
+from coordinator.cluster import DOWN, READY, ClusterView, NodeView
 from coordinator.placement import Placement, Snapshot
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
 from coordinator.scheduling import PlacementConfig, place_jobs, snapshot, window
@@ -41,7 +41,7 @@ class Decisions:
 
 def reconcile(
     state: RegionState,
-    nodes: dict[str, NodeView],
+    nodes: ClusterView,
     now: float,
     config: PlacementConfig = DEFAULT_PLACEMENT,
 ) -> Decisions:
@@ -109,13 +109,11 @@ def still_placed(state: RegionState, keys: Iterable[tuple[str, int]]) -> list[Ta
 
 
 def _lose_tasks_on_down_nodes(
-    state: RegionState, nodes: dict[str, NodeView], now: float, d: Decisions
+    state: RegionState, nodes: ClusterView, now: float, d: Decisions
 ) -> None:
-    for node_id, held in state.node_tasks.items():
-        view = nodes.get(node_id)
-        if view is None or view.status != DOWN:
-            continue  # the shell seeds nodes it never heard from, so silence still ends in DOWN
-        for tid in sorted(held):
+    # The shell `expect`s nodes it never heard from, so their silence ends in DOWN too.
+    for node_id in sorted(nodes.down.intersection(state.node_tasks)):
+        for tid in sorted(state.node_tasks[node_id]):
             d.events.append(_lost(state, tid, node_id, now, "stopped heartbeating"))
 
 
@@ -123,27 +121,27 @@ FORGOTTEN_AFTER_S = 10.0  # missing from a node's heartbeats this long (its cloc
 
 
 def _lose_tasks_a_node_forgot(
-    state: RegionState, nodes: dict[str, NodeView], now: float, d: Decisions
+    state: RegionState, nodes: ClusterView, now: float, d: Decisions
 ) -> None:
     """A RUNNING task its node's heartbeats have stopped listing for FORGOTTEN_AFTER_S is
     LOST: the agent restarted without it (a corrupt store, a hollow fleet restarted inside
     the down deadline) and nobody would ever report its end. A node keeps listing a task
     that ended until its outcome is stored (even while JetStream is away), so the wait
     only has to cover a heartbeat crossing that outcome, and agents older than that.
-    Times are the agent's own clock (heartbeat and task events alike)."""
-    checked: dict[str, int] = state.memo.setdefault("forgot_checked", {})
+    Times are the agent's own clock (heartbeat and task events alike), so only nodes
+    that heartbeat since the last round (the cluster's journal) are looked at."""
     missing: dict[tuple[str, int], float] = state.memo.setdefault("forgot_missing", {})
     for key in [k for k in missing if _not_running(state, k)]:
         del missing[key]
-    for node_id, held in state.node_tasks.items():
-        view = nodes.get(node_id)
+    heard = nodes.changes.since(state.memo.get("forgot_mark"))
+    state.memo["forgot_mark"] = nodes.changes.mark()
+    looked = state.node_tasks.keys() if heard is None else heard.intersection(state.node_tasks)
+    for node_id in sorted(looked):
+        view = nodes.nodes.get(node_id)
         if view is None or view.status != READY or view.state.seq == 0:
             continue
-        if checked.get(node_id) == view.state.seq:
-            continue  # this heartbeat was looked at already
-        checked[node_id] = view.state.seq
         live = view.live_tasks
-        for tid in sorted(held):
+        for tid in sorted(state.node_tasks[node_id]):
             t = state.tasks[tid]
             if t.state != TaskState.RUNNING or t.started_at is None:
                 continue
@@ -210,42 +208,49 @@ def _kill_requested_jobs(state: RegionState, now: float, d: Decisions) -> None:
                 )
 
 
-def _kill_stale_copies(state: RegionState, nodes: dict[str, NodeView], d: Decisions) -> None:
+def _kill_stale_copies(state: RegionState, nodes: ClusterView, d: Decisions) -> None:
     """A node that reports a task attempt it should not be running (it was declared
     LOST and rescheduled while the node was away) must stop it: never run both.
 
-    Looked at once per heartbeat (each is a new NodeState object), not every round: a
-    region's nodes report tens of thousands of tasks, and rounds follow each other while
-    events flow. The kills found stand (and are sent again, as the shell decides) until
-    the node's next heartbeat; a copy made stale between heartbeats is found at the next."""
-    checked: dict[str, tuple[object, list[Kill]]] = state.memo.setdefault("stale_checked", {})
-    for view in nodes.values():
-        if view.status == DOWN:
+    Looked at once per heartbeat (the cluster's journal), not every round: a region's
+    nodes report tens of thousands of tasks, and rounds follow each other while events
+    flow. The kills found stand (and are sent again, as the shell decides) until the
+    node's next heartbeat; a copy made stale between heartbeats is found at the next."""
+    memo = state.memo.get("stale")
+    heard = nodes.changes.since(memo[0] if memo is not None else None)
+    found: dict[str, list[Kill]] = {} if heard is None or memo is None else memo[1]
+    state.memo["stale"] = (nodes.changes.mark(), found)
+    for node_id in nodes.nodes if heard is None else heard:
+        found.pop(node_id, None)
+        view = nodes.nodes[node_id]
+        if view.status != DOWN:
+            kills = _stale_on(state, view)
+            if kills:
+                found[node_id] = kills
+    for node_id in sorted(found):
+        d.kills.extend(found[node_id])
+
+
+def _stale_on(state: RegionState, view: NodeView) -> list[Kill]:
+    found = []
+    for key in view.live_tasks:
+        tid, _, attempt_s = key.rpartition("#")
+        t = state.tasks.get(tid)
+        if t is None or not (attempt_s.isascii() and attempt_s.isdigit()):
             continue
-        seen = checked.get(view.node_id)
-        if seen is not None and seen[0] is view.state:  # this very heartbeat, checked
-            d.kills.extend(seen[1])
+        attempt = int(attempt_s)
+        if t.state in HOLDING and t.node_id == view.node_id and t.attempt == attempt:
             continue
-        found: list[Kill] = []
-        checked[view.node_id] = (view.state, found)
-        for key in view.live_tasks:
-            tid, _, attempt_s = key.rpartition("#")
-            t = state.tasks.get(tid)
-            if t is None or not (attempt_s.isascii() and attempt_s.isdigit()):
-                continue
-            attempt = int(attempt_s)
-            if t.state in HOLDING and t.node_id == view.node_id and t.attempt == attempt:
-                continue
-            found.append(
-                Kill(
-                    view.node_id,
-                    t.job_id,
-                    tid,
-                    attempt,
-                    "stale copy: this attempt is no longer assigned to this node",
-                )
+        found.append(
+            Kill(
+                view.node_id,
+                t.job_id,
+                tid,
+                attempt,
+                "stale copy: this attempt is no longer assigned to this node",
             )
-        d.kills.extend(found)
+        )
+    return found
 
 
 def _reclaim_preempted(state: RegionState, d: Decisions) -> None:
@@ -258,7 +263,7 @@ def _reclaim_preempted(state: RegionState, d: Decisions) -> None:
 
 def _place_waiting(
     state: RegionState,
-    nodes: dict[str, NodeView],
+    nodes: ClusterView,
     now: float,
     config: PlacementConfig,
     d: Decisions,
@@ -266,11 +271,10 @@ def _place_waiting(
     waiting = state.pending_jobs()
     if not waiting:
         return
-    ready = sorted((v for v in nodes.values() if v.status == READY), key=lambda v: v.node_id)
-    if not ready:
+    if not nodes.ready():
         d.unplaced.update({job.job_id: "no ready nodes" for job in waiting})
         return
-    snap = snapshot(ready, state)
+    snap = snapshot(nodes, state)
     capacity = Resources(*(int(x) for x in snap.cap.sum(axis=0)))  # not a sum of 5,000 objects
     key = (state.last_seq, capacity)
     cached = state.memo.get("pool_view")
@@ -302,7 +306,7 @@ def _place_waiting(
     for _ in range(config.windows_per_round if waiting else 0):
         looked, cursor = window(waiting, cursor, config.window_jobs)
         covered = len(waiting) if len(looked) == len(waiting) else covered + config.window_jobs
-        why, placed, misfits = _place_window(state, ready, snap, looked, d.pools, now, config)
+        why, placed, misfits = _place_window(state, nodes, snap, looked, d.pools, now, config)
         d.unplaced.update(why)
         _park(parked, misfits, state, now, config, why)
         if placed or covered >= rest:
@@ -354,7 +358,7 @@ def _park(
 
 def _place_window(
     state: RegionState,
-    ready: list[NodeView],
+    nodes: ClusterView,
     snap: Snapshot,
     waiting: list[JobRecord],
     pools: PoolView,
@@ -368,7 +372,7 @@ def _place_window(
     if not admitted:
         return blocked, (), frozenset()
     result = place_jobs(
-        state, ready, [j for j in waiting if j.job_id in admitted], now, config, snap
+        state, nodes, [j for j in waiting if j.job_id in admitted], now, config, snap
     )
     misfits = frozenset(j for j in result.unplaced if j in admitted)
     if misfits and blocked and not result.line_held_by:
@@ -378,7 +382,7 @@ def _place_window(
         if again - admitted:
             why = {j: result.unplaced[j] for j in misfits}
             jobs = [j for j in waiting if j.job_id in again]
-            result = place_jobs(state, ready, jobs, now, config, snap)
+            result = place_jobs(state, nodes, jobs, now, config, snap)
             blocked = {j: r for j, r in still_blocked.items() if j not in misfits} | why
             misfits = misfits | frozenset(j for j in result.unplaced if j in again)
     if result.line_held_by:

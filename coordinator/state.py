@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedDict
 
+from coordinator.changes import Changes
 from coordinator.pools import PoolConfigError, PoolTree, parse_pool_tree
 from mesh.schema import (
     JobKillRequested,
@@ -185,6 +186,7 @@ class RegionState:
         self.tasks: dict[str, TaskRecord] = {}
         self.node_tasks: dict[str, set[str]] = {}  # tasks holding resources on a node
         self.node_alloc: dict[str, Resources] = {}  # what those tasks hold, summed
+        self.node_changes = Changes()  # nodes whose tasks or grants changed, in order
         # Per job pool, what its holding tasks hold, and the part held by non-preemptible
         # jobs: kept here so a round does not re-sum every running task.
         self.pool_alloc: dict[str, Resources] = {}
@@ -304,6 +306,7 @@ class RegionState:
         task.started_at = task.finished_at = None
         self.node_tasks.setdefault(ev.node_id, set()).add(task.task_id)
         self.node_alloc[ev.node_id] = self.node_alloc.get(ev.node_id, Resources()) + task.resources
+        self.node_changes.add(ev.node_id)
         self._pool_hold(task, +1)
         self._grant_gpus(task, +1)
         self._history(task, ev.ts, "")
@@ -349,6 +352,7 @@ class RegionState:
                 held.discard(task.task_id)
                 self.releases += 1
                 self.node_alloc[task.node_id] = self.node_alloc[task.node_id] - task.resources
+                self.node_changes.add(task.node_id)
                 self._pool_hold(task, -1)
                 self._grant_gpus(task, -1)
                 if not held:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coordinator.cluster import DOWN, READY, SUSPECT, ClusterView, NodeView
 from mesh.schema import NodeState
@@ -130,11 +132,79 @@ def test_a_repeated_heartbeat_is_decoded_as_a_full_one_would_be():
     first = NodeState("n1", "default", 1, 10.0, Resources(cpu=4000), labels={"a": "b"})
     again = dataclasses.replace(first, seq=2, ts=11.5)
     changed = dataclasses.replace(again, seq=3, ts=12.0, cpu_percent=50.0)
-    for st in (first, again, changed, again):
-        data = encode(st)
-        assert coord._node_state(subject, data) == decode(NodeState, data) == st
+    for state in (first, again, changed, again):
+        data = encode(state)
+        assert coord._node_state(subject, data) == decode(NodeState, data) == state
     for bad in ({"ts": "late"}, {"seq": -1}, {"ts": float("inf")}):
         raw = unpack(encode(again))
         raw.update(bad)
         with pytest.raises(WireError):
             coord._node_state(subject, pack(raw))
+
+
+def test_every_heartbeat_and_status_change_is_in_the_journal():
+    cv = ClusterView("r1", suspect_after=3.0, down_after=10.0)
+    mark = cv.changes.mark()
+    cv.observe(hb("a"), now=0.0)
+    cv.observe(hb("b"), now=1.0)
+    assert cv.changes.since(mark) == {"a", "b"}
+    mark = cv.changes.mark()
+    cv.observe(hb("b", seq=2), now=2.0)  # a heartbeat that changes nothing but the clock
+    assert cv.changes.since(mark) == {"b"}
+    mark = cv.changes.mark()
+    assert cv.sweep(3.5) == ["a"]  # a: suspect, by age alone
+    assert cv.changes.since(mark) == {"a"}
+    mark = cv.changes.mark()
+    assert cv.sweep(3.6) == []
+    assert cv.changes.since(mark) == set()
+
+
+def test_ready_is_kept_until_a_node_comes_or_goes_and_down_is_kept():
+    cv = ClusterView("r1", suspect_after=3.0, down_after=10.0)
+    cv.observe(hb("b"), now=0.0)
+    cv.observe(hb("a"), now=1.0)
+    ready = cv.ready()
+    assert [v.node_id for v in ready] == ["a", "b"]
+    cv.observe(hb("a", seq=2), now=2.0)
+    assert cv.ready() is ready  # heartbeats alone: the same list
+    cv.sweep(10.5)  # b silent for 10.5 s: down; a for 8.5 s: suspect
+    assert cv.ready() == [] and cv.down == {"b"}
+    cv.observe(hb("b", seq=2), now=11.0)
+    assert [v.node_id for v in cv.ready()] == ["b"] and cv.down == set()
+    cv.sweep(30.0)
+    assert cv.down == {"a", "b"}
+
+
+def test_an_expected_node_that_stays_silent_goes_down():
+    cv = ClusterView("r1", suspect_after=3.0, down_after=10.0)
+    cv.observe(hb("a"), now=0.0)
+    cv.expect("ghost", now=5.0)
+    cv.expect("a", now=5.0)  # heard from already: unchanged
+    assert cv.nodes["a"].state.seq == 1 and cv.nodes["a"].last_seen == 0.0
+    assert cv.nodes["ghost"].state.seq == 0
+    cv.observe(hb("a", seq=2), now=14.0)
+    assert cv.sweep(15.0) == ["ghost"] and cv.down == {"ghost"}
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    st.lists(st.tuples(st.sampled_from("abcde"), st.floats(0.0, 6.0), st.booleans()), max_size=40)
+)
+def test_a_sweep_stopping_at_the_first_recent_node_misses_none(events):
+    """The sweep walks nodes least recently heard from first and stops at the first one
+    heard from recently: statuses must be what the age of every node says."""
+    cv = ClusterView("r1", suspect_after=3.0, down_after=10.0)
+    now = 0.0
+    for node, dt, heartbeat in events:
+        now += dt
+        if heartbeat:
+            cv.observe(hb(node), now)
+        cv.sweep(now)
+        for v in cv.nodes.values():
+            age = now - v.last_seen
+            want = DOWN if age >= 10.0 else SUSPECT if age >= 3.0 else READY
+            assert v.status == want
+        assert cv.down == {n for n, v in cv.nodes.items() if v.status == DOWN}
+        assert cv.ready() == sorted(
+            (v for v in cv.nodes.values() if v.status == READY), key=lambda v: v.node_id
+        )

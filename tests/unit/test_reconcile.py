@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from coordinator.cluster import DOWN, READY, SUSPECT, NodeView
+from coordinator.cluster import DOWN, READY, SUSPECT, ClusterView, NodeView
 from coordinator.reconcile import FORGOTTEN_AFTER_S, Decisions, Kill, agent_event, reconcile
 from coordinator.state import HOLDING, RegionState
 from mesh.schema import (
@@ -83,10 +83,10 @@ class Log:
         self.place(tid, node)
         self.update(tid, S.RUNNING)
 
-    def decide(self, nodes: dict[str, NodeView], now: float = NOW) -> Decisions:
+    def decide(self, nodes: ClusterView, now: float = NOW) -> Decisions:
         return reconcile(self.state, nodes, now)
 
-    def step(self, nodes: dict[str, NodeView], now: float = NOW) -> Decisions:
+    def step(self, nodes: ClusterView, now: float = NOW) -> Decisions:
         """One round: decide, then append and apply what was decided."""
         d = self.decide(nodes, now)
         if d.events:
@@ -115,8 +115,19 @@ def view(
     return NodeView(state, last_seen=0.0, status=status)
 
 
-def cluster(*views: NodeView) -> dict[str, NodeView]:
-    return {v.node_id: v for v in views}
+HEARD = 100.0  # the receiver's clock when a test's cluster view is made
+AGE = {READY: 0.0, SUSPECT: 3.0, DOWN: 10.0}  # heartbeat age that gives each status
+
+
+def cluster(*views: NodeView) -> ClusterView:
+    """A cluster view holding these nodes at their statuses, as heartbeats and a sweep
+    set them (oldest heartbeat first, as the receiver's clock runs)."""
+    cv = ClusterView("r", suspect_after=AGE[SUSPECT], down_after=AGE[DOWN])
+    for v in sorted(views, key=lambda v: -AGE[v.status]):
+        cv.observe(v.state, HEARD - AGE[v.status])
+    cv.sweep(HEARD)
+    assert {v.node_id: v.status for v in views} == {n: v.status for n, v in cv.nodes.items()}
+    return cv
 
 
 def updates(d: Decisions) -> list[tuple[str, TaskState]]:
@@ -534,12 +545,15 @@ def test_a_node_that_was_down_and_comes_back_has_its_stale_copy_killed():
     log.step(nodes)  # best fit: n2
     assert log.state.tasks["j.w.0"].node_id == "n2"
     log.update("j.w.0", S.RUNNING)
-    nodes["n2"].status = DOWN
+    # n1 heartbeats on; n2 falls silent until it is DOWN (the same view, kept).
+    nodes.observe(nodes.nodes["n1"].state, HEARD + AGE[DOWN])
+    assert nodes.sweep(HEARD + AGE[DOWN]) == ["n2"]
     for _ in range(3):
         log.step(nodes)
     t = log.state.tasks["j.w.0"]
     assert (t.state, t.node_id, t.attempt) == (S.PLACED, "n1", 2)
-    nodes["n2"] = view("n2", tasks=("j.w.0#1",))  # back, still running the old copy
+    # n2 is back, still running the old copy.
+    nodes.observe(view("n2", tasks=("j.w.0#1",)).state, HEARD + AGE[DOWN] + 1)
     d = log.step(nodes)
     assert d.kills == [
         Kill("n2", "j", "j.w.0", 1, "stale copy: this attempt is no longer assigned to this node")
@@ -557,16 +571,20 @@ def run_rounds(seed: int) -> None:
     rnd = random.Random(seed)
     log = Log()
     statuses = [READY, READY, READY, SUSPECT, DOWN]
-    nodes = {
-        f"n{i}": view(
-            f"n{i}",
-            rnd.choice(statuses),
-            cpu=rnd.choice([2000, 4000, 8000]),
-            memory=rnd.choice([2, 4, 8]) * GiB,
-            simulated=rnd.random() < 0.2,
+    nodes = cluster(
+        *(
+            view(
+                f"n{i}",
+                rnd.choice(statuses),
+                cpu=rnd.choice([2000, 4000, 8000]),
+                memory=rnd.choice([2, 4, 8]) * GiB,
+                simulated=rnd.random() < 0.2,
+            )
+            for i in range(rnd.randint(1, 4))
         )
-        for i in range(rnd.randint(1, 4))
-    }
+    )
+    silent = {n for n, v in nodes.nodes.items() if v.status != READY}
+    clock = HEARD
     for j in range(rnd.randint(1, 5)):
         log.submit(
             f"j{j}",
@@ -585,22 +603,34 @@ def run_rounds(seed: int) -> None:
         d = log.step(nodes)
         for e in d.events:
             if isinstance(e, TaskPlaced):
-                assert nodes[e.node_id].status == READY
+                assert nodes.nodes[e.node_id].status == READY
                 assert before[e.task_id][0] == S.PENDING
         for k in d.kills:
-            assert k.node_id in nodes or k.node_id in {n for _, n in before.values()}
-        for n, v in nodes.items():
+            assert k.node_id in nodes.nodes or k.node_id in {n for _, n in before.values()}
+        for n, v in nodes.nodes.items():
             if v.status == READY:
                 assert log.state.allocated(n).fits_in(v.state.capacity), n
         # agents move some running tasks along
         for tid, t in list(log.state.tasks.items()):
-            if t.state in HOLDING and nodes[t.node_id].status != DOWN and rnd.random() < 0.5:
+            down = nodes.nodes[t.node_id].status == DOWN if t.node_id else True
+            if t.state in HOLDING and not down and rnd.random() < 0.5:
                 log.update(
                     tid, rnd.choice([S.RUNNING, S.SUCCEEDED, S.FAILED, S.PREEMPTED, S.KILLED])
                 )
-        # and nodes change their minds
+        # nodes fall silent or speak again; the others heartbeat what they hold (the
+        # same view kept round after round, as the leader keeps it)
         if rnd.random() < 0.3:
-            nodes[rnd.choice(list(nodes))].status = rnd.choice(statuses)
+            silent ^= {rnd.choice(sorted(nodes.nodes))}
+        clock += rnd.choice([0.5, 2.0, 4.0])
+        for n in sorted(nodes.nodes.keys() - silent):
+            st = nodes.nodes[n].state
+            held = tuple(
+                f"{t.task_id}#{t.attempt}"
+                for t in log.state.tasks.values()
+                if t.node_id == n and t.state in HOLDING and rnd.random() < 0.9
+            )
+            nodes.observe(dataclasses.replace(st, seq=st.seq + 1, ts=clock, tasks=held), clock)
+        nodes.sweep(clock)
     # all indexes still agree with a scan
     s = log.state
     assert s.unsettled == {
@@ -669,26 +699,45 @@ def beat(node_id: str, seq: int, ts: float, tasks: tuple[str, ...] = ()) -> Node
     return v
 
 
-def test_a_running_task_its_node_stopped_listing_is_lost_after_a_while():
+def heard(kept: ClusterView | None):
+    """Each heartbeat as a view of its own (every node looked at), or into one view kept
+    round after round, as the leader keeps it (only the nodes that heartbeat since)."""
+    clock = iter(range(1000))
+
+    def next_view(v: NodeView) -> ClusterView:
+        if kept is None:
+            return cluster(v)
+        kept.observe(v.state, HEARD + next(clock) * 0.01)
+        kept.observe(beat("other", next(clock), 0.0).state, HEARD + next(clock) * 0.01)
+        return kept
+
+    return next_view
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_running_task_its_node_stopped_listing_is_lost_after_a_while(kept):
     log = Log()
     log.submit("j", count=1)
     log.run("j.w.0", "n1")  # RUNNING since ts 3.0 (the agent's clock)
-    assert updates(log.step(cluster(beat("n1", 2, 4.0, ("j.w.0#1",))))) == []
+    nodes = heard(cluster() if kept else None)
+    assert updates(log.step(nodes(beat("n1", 2, 4.0, ("j.w.0#1",))))) == []
     # The agent restarted without it: missing, but not yet for FORGOTTEN_AFTER_S.
-    assert updates(log.step(cluster(beat("n1", 3, 5.0)))) == []
-    assert updates(log.step(cluster(beat("n1", 4, 5.0 + FORGOTTEN_AFTER_S - 0.1)))) == []
-    d = log.step(cluster(beat("n1", 5, 5.0 + FORGOTTEN_AFTER_S)))
+    assert updates(log.step(nodes(beat("n1", 3, 5.0)))) == []
+    assert updates(log.step(nodes(beat("n1", 4, 5.0 + FORGOTTEN_AFTER_S - 0.1)))) == []
+    d = log.step(nodes(beat("n1", 5, 5.0 + FORGOTTEN_AFTER_S)))
     assert updates(d) == [("j.w.0", S.LOST)]
     assert "node n1 has not reported it for 10s" in d.events[0].message
 
 
-def test_a_task_listed_again_in_time_is_not_lost():
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_task_listed_again_in_time_is_not_lost(kept):
     log = Log()
     log.submit("j", count=1)
     log.run("j.w.0", "n1")
-    log.step(cluster(beat("n1", 2, 5.0)))  # missing once (e.g. it just ended)
-    log.step(cluster(beat("n1", 3, 6.0, ("j.w.0#1",))))  # listed again: forgotten no more
-    assert updates(log.step(cluster(beat("n1", 4, 6.0 + FORGOTTEN_AFTER_S)))) == []
+    nodes = heard(cluster() if kept else None)
+    log.step(nodes(beat("n1", 2, 5.0)))  # missing once (e.g. it just ended)
+    log.step(nodes(beat("n1", 3, 6.0, ("j.w.0#1",))))  # listed again: forgotten no more
+    assert updates(log.step(nodes(beat("n1", 4, 6.0 + FORGOTTEN_AFTER_S)))) == []
 
 
 def test_a_round_looks_past_windows_where_nothing_fits():
@@ -756,7 +805,8 @@ def test_a_job_that_fits_no_node_is_parked_until_something_is_released(monkeypat
     log.step(nodes, NOW + 0.3 + rec.PARK_S)
     assert looked[n:] == [["wide"]]
     # New ready nodes: looked at, and placed on the node it fits.
-    d = log.step({**nodes, **cluster(view("c", cpu=8000))}, NOW + 0.4 + rec.PARK_S)
+    nodes.observe(view("c", cpu=8000).state, HEARD)
+    d = log.step(nodes, NOW + 0.4 + rec.PARK_S)
     assert placements(d) == [("wide.w.0", "c", 1)]
 
 

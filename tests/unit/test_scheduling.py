@@ -49,17 +49,17 @@ def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
     import numpy as np
 
     from agent.hollow import HollowNode, inventory_mix
-    from coordinator.cluster import NodeView
+    from coordinator.cluster import ClusterView
     from coordinator.placement.snapshot import Snapshot
     from coordinator.scheduling import node_info, snapshot
     from coordinator.state import RegionState
     from mesh.schema import JobSubmitted, LogEntry, TaskPlaced
 
     rnd = random.Random(seed)
-    views = [
-        NodeView(HollowNode(f"n{i:02d}", inv).state("r"), 0.0)
-        for i, inv in enumerate(inventory_mix(12, seed % 7))
-    ]
+    cluster = ClusterView("r", suspect_after=3.0, down_after=10.0)
+    for i, inv in enumerate(inventory_mix(12, seed % 7)):
+        cluster.observe(HollowNode(f"n{i:02d}", inv).state("r"), 0.0)
+    clock = 0.0
     state = RegionState()
     spec = {
         "name": "j",
@@ -86,16 +86,17 @@ def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
     state.apply(1, LogEntry(1, "c", (JobSubmitted("j", "c1", spec, 0.0),)))
     state.apply(2, LogEntry(1, "c", (JobSubmitted("g", "c2", gpu_spec, 0.0),)))
     seq, placed = 2, 0
-    for _ in range(6):
-        snapshot(views, state)  # the kept one, updated below
-        for _ in range(rnd.randint(0, 4)):  # new heartbeats: load and GPU use move
-            k = rnd.randrange(len(views))
-            st = views[k].state
+    for _ in range(10):
+        snapshot(cluster, state)  # the kept one, updated below
+        clock += rnd.choice([0.5, 1.0, 4.0])
+        for _ in range(rnd.randint(0, 6)):  # new heartbeats: load and GPU use move
+            st = cluster.nodes[rnd.choice(sorted(cluster.nodes))].state
             gpus = tuple(dataclasses.replace(g, utilization=rnd.randint(0, 100)) for g in st.gpus)
-            views[k].state = dataclasses.replace(
-                st, seq=st.seq + 1, cpu_percent=rnd.uniform(0, 100), gpus=gpus
-            )
-        for _ in range(rnd.randint(0, 4)):  # placements: allocations and GPU grants move
+            st = dataclasses.replace(st, seq=st.seq + 1, cpu_percent=rnd.uniform(0, 100), gpus=gpus)
+            cluster.observe(st, clock)
+        cluster.sweep(clock)  # the silent go suspect (out of the snapshot) and come back
+        views = cluster.ready()
+        for _ in range(rnd.randint(0, 4) if views else 0):  # placements: grants move
             v = views[rnd.randrange(len(views))]
             job, uuids = ("g", (v.state.gpus[0].uuid,)) if v.state.gpus else ("j", ())
             seq += 1
@@ -104,9 +105,12 @@ def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
                 LogEntry(1, "c", (TaskPlaced(job, f"{job}.w.{placed}", 1, v.node_id, 1.0, uuids),)),
             )
             placed += 1
-        kept = snapshot(views, state)
+        kept = snapshot(cluster, state)
         assert state.ignored == 0  # every placement was folded
-        fresh = Snapshot([node_info(v, state) for v in sorted(views, key=lambda v: v.node_id)])
+        fresh = Snapshot([node_info(v, state) for v in views])
+        assert [v.node_id for v in views] == sorted(
+            n for n, v in cluster.nodes.items() if v.status == "ready"
+        )
         assert kept.ids == fresh.ids and kept.zones == fresh.zones and kept.g_uuid == fresh.g_uuid
         arrays = [k for k, v in vars(fresh).items() if isinstance(v, np.ndarray)]
         assert len(arrays) >= 13  # every per-node array the snapshot has, not a copied list
