@@ -153,6 +153,17 @@ def core(args: argparse.Namespace) -> dict:
 # ---------------------------------------------------------------- regions
 
 
+def reached(times, t0: float) -> dict[str, float]:
+    """When 50, 90 and 99 % of these events had happened, in seconds after t0."""
+    times = sorted(times)
+    if not times:
+        return {}
+    return {
+        f"t{q}_s": round(times[min(len(times) - 1, int(len(times) * q / 100))] - t0, 2)
+        for q in (50, 90, 99)
+    }
+
+
 class LogCount:
     """Counts placements and RUNNING tasks on the job log as they land."""
 
@@ -163,6 +174,7 @@ class LogCount:
         self.last_placed = 0.0
         self.last_running = 0.0
         self.placed_at: dict[str, list[float]] = {}  # job -> times its tasks were placed
+        self.running_at: list[float] = []
         self.elections = 0  # LeaderElected entries seen (the first one included)
 
     async def on_msg(self, msg) -> None:
@@ -180,6 +192,7 @@ class LogCount:
             elif isinstance(ev, TaskUpdated) and ev.state == "RUNNING":
                 self.running += 1
                 self.last_running = now
+                self.running_at.append(now)
             elif isinstance(ev, LeaderElected):
                 self.elections += 1
 
@@ -337,15 +350,7 @@ async def durable(args: argparse.Namespace, work: Path) -> dict:
         durable_rate = c.placed / durable_span if durable_span > 0 else None
         # A long tail (the last jobs found in far windows of the queue) stretches the
         # span: when half, 90 % and 99 % of the placements had landed tells the shape.
-        times = sorted(t for ts in c.placed_at.values() for t in ts)
-        reach = (
-            {
-                f"t{q}_s": round(times[min(len(times) - 1, int(len(times) * q / 100))] - first, 2)
-                for q in (50, 90, 99)
-            }
-            if times
-            else {}
-        )
+        reach = reached((t for ts in c.placed_at.values() for t in ts), first)
         print(
             f"durable: {c.placed:,} of {args.backlog:,} tasks placed on the log in {span:.2f}s "
             f"= {rate or 0:,.0f} tasks/s; with their assignments stored ({assigned:,} messages) "
@@ -395,9 +400,12 @@ async def e2e_and_latency(args: argparse.Namespace, work: Path) -> tuple[dict, d
             last = c.running
         e2e_s = c.last_running - t0
         rate = c.running / e2e_s if e2e_s > 0 else None
+        placed_by = reached((t for ts in c.placed_at.values() for t in ts), t0)
+        running_by = reached(c.running_at, t0)
         print(
             f"e2e: {c.running:,} of {total:,} tasks RUNNING {e2e_s:.2f}s after the first submit "
-            f"= {rate or 0:,.0f} tasks/s (submits took {submit_s:.1f}s)"
+            f"= {rate or 0:,.0f} tasks/s (submits took {submit_s:.1f}s; placed by {placed_by}, "
+            f"running by {running_by})"
         )
         e2e = {
             "nodes": args.nodes,
@@ -406,6 +414,8 @@ async def e2e_and_latency(args: argparse.Namespace, work: Path) -> tuple[dict, d
             "seconds": round(e2e_s, 3),
             "tasks_per_s": round(rate) if rate else None,
             "submit_s": round(submit_s, 2),
+            "placed_by": placed_by,
+            "running_by": running_by,
             "leader_elections": c.elections,
         }
         latency = await steady_latency(args, region)

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from coordinator.cluster import DOWN, READY, ClusterView, NodeView
+from coordinator.parking import park, parked
 from coordinator.placement import Placement, Snapshot
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
 from coordinator.scheduling import PlacementConfig, place_jobs, snapshot, window
@@ -112,7 +113,7 @@ def _lose_tasks_on_down_nodes(
     state: RegionState, nodes: ClusterView, now: float, d: Decisions
 ) -> None:
     # The shell `expect`s nodes it never heard from, so their silence ends in DOWN too.
-    for node_id in sorted(nodes.down.intersection(state.node_tasks)):
+    for node_id in sorted(n for n in nodes.down if n in state.node_tasks):
         for tid in sorted(state.node_tasks[node_id]):
             d.events.append(_lost(state, tid, node_id, now, "stopped heartbeating"))
 
@@ -295,10 +296,10 @@ def _place_waiting(
     # and snapshot (nothing changed), until something is placed, the whole queue has been
     # looked at, or `windows_per_round` windows were; only a whole queue with nothing
     # placed makes the round idle. (Else a 100,000-job queue took a window per wake-up.)
-    parked = _parked(state, (state.releases, snap.ids), now)
-    if parked:
-        waiting = [j for j in waiting if j.job_id not in parked]
-        d.unplaced.update({j: why for j, (_, why) in parked.items()})
+    parking = parked(state, snap, now)
+    if parking.why:
+        waiting = [j for j in waiting if j.job_id not in parking.why]
+        d.unplaced.update(parking.why)
     cursor = state.memo.get("window_cursor", 0)
     rest = len(waiting) - config.window_jobs  # the rotating part: the head is in each
     covered = 0
@@ -308,7 +309,7 @@ def _place_waiting(
         covered = len(waiting) if len(looked) == len(waiting) else covered + config.window_jobs
         why, placed, misfits = _place_window(state, nodes, snap, looked, d.pools, now, config)
         d.unplaced.update(why)
-        _park(parked, misfits, state, now, config, why)
+        park(parking, misfits, state, now, config, why)
         if placed or covered >= rest:
             break
     state.memo["window_cursor"] = cursor
@@ -317,43 +318,6 @@ def _place_waiting(
         d.events.append(TaskPlaced(t.job_id, p.task_id, t.attempt + 1, p.node_id, now, p.gpu_uuids))
     if not placed and covered >= rest:
         state.memo["placement_idle"] = (idle_key, dict(d.unplaced))
-
-
-PARK_S = 1.0  # the longest a job that fit no node waits before it is looked at again
-
-
-def _parked(state: RegionState, epoch: tuple, now: float) -> dict[str, tuple[float, str]]:
-    """Jobs that fit no node when last looked at, and have not been looked at since:
-    until a task gives back what it held or the ready nodes change (`epoch`), they
-    would not fit again, so a round does not look at them (a backlog that fits nowhere
-    made every round, for every new job, re-place it). What a heartbeat changes (GPU
-    load and memory measured) is caught by looking again after PARK_S."""
-    memo = state.memo.get("parked")
-    if memo is None or memo[0] != epoch:
-        memo = (epoch, {})
-        state.memo["parked"] = memo
-    parked: dict[str, tuple[float, str]] = memo[1]  # type: ignore[assignment]
-    for job_id in [j for j, (until, _) in parked.items() if until <= now]:
-        del parked[job_id]
-    return parked
-
-
-def _park(
-    parked: dict[str, tuple[float, str]],
-    misfits: frozenset[str],
-    state: RegionState,
-    now: float,
-    config: PlacementConfig,
-    why: dict[str, str],
-) -> None:
-    """A gang that holds the line, or will within PARK_S, is not parked: it must be
-    looked at to hold it (see `holds_line`)."""
-    soon = config.starve_after_s - PARK_S
-    for job_id in misfits:
-        job = state.jobs[job_id]
-        if job.spec.placement.gang and len(job.tasks) > 1 and now - job.pending_since >= soon:
-            continue
-        parked[job_id] = (now + PARK_S, why[job_id])
 
 
 def _place_window(

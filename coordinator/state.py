@@ -207,8 +207,6 @@ class RegionState:
         self.pools = PoolTree(())  # the root alone until a tree is applied
         self.pool_source: dict = {}
         self.preempting: set[str] = set()  # tasks whose attempt is being reclaimed
-        self.releases = 0  # how many times a task gave back what it held (a job that did
-        # not fit may fit now)
         self.parsed: dict[str, JobSpec] = {}  # job id -> its spec, parsed by this process
         self.job_counts: dict[str, int] = {}  # jobs per JobState, kept by the fold
 
@@ -350,7 +348,6 @@ class RegionState:
             held = self.node_tasks.get(task.node_id)
             if held is not None and task.task_id in held:
                 held.discard(task.task_id)
-                self.releases += 1
                 self.node_alloc[task.node_id] = self.node_alloc[task.node_id] - task.resources
                 self.node_changes.add(task.node_id)
                 self._pool_hold(task, -1)

@@ -773,18 +773,21 @@ def spy_on_placement(monkeypatch) -> list[list[str]]:
     return looked
 
 
-def test_a_job_that_fits_no_node_is_parked_until_something_is_released(monkeypatch):
+def test_a_job_that_fits_no_node_is_parked_until_something_could_make_room(monkeypatch):
     """A job that fits no node is not placed again by every round (each new job made the
-    whole backlog be re-placed): it is passed over, still saying why, until a task gives
-    back what it held, the ready nodes change, or PARK_S has passed."""
-    import coordinator.reconcile as rec
+    whole backlog be re-placed): it is passed over, still saying why, until a node whose
+    grants moved has room for one of its tasks, the ready nodes change, or PARK_S has
+    passed."""
+    from coordinator.parking import PARK_S
 
     looked = spy_on_placement(monkeypatch)
     log = Log()
     log.submit("old", count=1, cpu="2")
     log.run("old.w.0", "a")
-    log.submit("wide", count=1, cpu="7")  # 12 cores in the region, 7 free nowhere
-    nodes = cluster(view("a", cpu=6000), view("b", cpu=6000))
+    log.submit("tiny", count=1, cpu="1")
+    log.run("tiny.w.0", "b")
+    log.submit("wide", count=1, cpu="7")  # a: 6 of 8 cores free, b: 5 of 6
+    nodes = cluster(view("a", cpu=8000), view("b", cpu=6000))
     d = log.step(nodes)
     assert placements(d) == [] and "fits no node" in d.unplaced["wide"]
     assert looked == [["wide"]]
@@ -797,21 +800,30 @@ def test_a_job_that_fits_no_node_is_parked_until_something_is_released(monkeypat
     assert placements(d) == [] and "fits no node" in d.unplaced["wide"]
     # Later than PARK_S: looked at again (a heartbeat may have changed what fits).
     n = len(looked)
-    log.step(nodes, NOW + 0.2 + rec.PARK_S)
+    log.step(nodes, NOW + 0.2 + PARK_S)
     assert looked[n:] == [["wide"]]
-    # A release: "old" ends; b... still 6 cores each: 7 fits nowhere, but it is looked at.
-    log.update("old.w.0", S.SUCCEEDED)
+    # A release where 7 cores cannot be free (b has 6): not looked at.
+    log.update("tiny.w.0", S.SUCCEEDED)
     n = len(looked)
-    log.step(nodes, NOW + 0.3 + rec.PARK_S)
-    assert looked[n:] == [["wide"]]
-    # New ready nodes: looked at, and placed on the node it fits.
-    nodes.observe(view("c", cpu=8000).state, HEARD)
-    d = log.step(nodes, NOW + 0.4 + rec.PARK_S)
-    assert placements(d) == [("wide.w.0", "c", 1)]
+    d = log.step(nodes, NOW + 0.3 + PARK_S)
+    assert looked[n:] == [] and "fits no node" in d.unplaced["wide"]
+    # A release that leaves a with room for it: looked at, and placed there.
+    log.update("old.w.0", S.SUCCEEDED)
+    d = log.step(nodes, NOW + 0.4 + PARK_S)
+    assert placements(d) == [("wide.w.0", "a", 1)]
+    # New ready nodes: a parked job is looked at, and placed on the node it fits.
+    log.submit("wider", count=1, memory="20Gi")  # 16 GiB per node
+    d = log.step(nodes, NOW + 0.5 + PARK_S)
+    assert placements(d) == [] and "fits no node" in d.unplaced["wider"]
+    n = len(looked)
+    assert log.step(nodes, NOW + 0.6 + PARK_S).events == [] and looked[n:] == []  # parked
+    nodes.observe(view("c", memory=32 * GiB).state, HEARD)
+    d = log.step(nodes, NOW + 0.7 + PARK_S)
+    assert placements(d) == [("wider.w.0", "c", 1)]
 
 
 def test_a_gang_about_to_hold_the_line_is_not_parked(monkeypatch):
-    import coordinator.reconcile as rec
+    from coordinator.parking import PARK_S
     from coordinator.scheduling import PlacementConfig
 
     looked = spy_on_placement(monkeypatch)
@@ -823,7 +835,7 @@ def test_a_gang_about_to_hold_the_line_is_not_parked(monkeypatch):
     reconcile(log.state, nodes, t0 + 1.0, config)
     reconcile(log.state, nodes, t0 + 1.1, config)
     assert looked == [["gang"]]  # young: parked
-    late = t0 + config.starve_after_s - rec.PARK_S / 2
+    late = t0 + config.starve_after_s - PARK_S / 2
     reconcile(log.state, nodes, late, config)
     reconcile(log.state, nodes, late + 1.0, config)  # (a round in the same second is idle)
     assert looked[1:] == [["gang"], ["gang"]]  # about to hold the line: looked at each round
