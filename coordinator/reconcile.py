@@ -269,7 +269,11 @@ def _place_waiting(
     config: PlacementConfig,
     d: Decisions,
 ) -> None:
-    waiting = state.pending_jobs()
+    cached = state.memo.get("waiting")
+    if cached is None or cached[0] != state.epoch:
+        cached = (state.epoch, state.pending_jobs())  # the queue moves only with the epoch
+        state.memo["waiting"] = cached
+    waiting: list[JobRecord] = cached[1]  # type: ignore[assignment]
     if not waiting:
         return
     if not nodes.ready():
@@ -277,15 +281,15 @@ def _place_waiting(
         return
     snap = snapshot(nodes, state)
     capacity = Resources(*(int(x) for x in snap.cap.sum(axis=0)))  # not a sum of 5,000 objects
-    key = (state.last_seq, capacity)
+    key = (state.epoch, capacity)
     cached = state.memo.get("pool_view")
     if cached is not None and cached[0] == key:
         d.pools = cached[1]
     else:
         d.pools = pool_view(state, capacity, waiting, now)
         state.memo["pool_view"] = (key, d.pools)
-    # Nothing placed last time and nothing changed since (log, ready capacity, the
-    # second): the same inputs would give the same answer, so skip the work.
+    # Nothing placed last time and nothing changed since (the state's epoch, ready
+    # capacity, the second): the same inputs would give the same answer, so skip it.
     idle_key = (key, int(now))
     idle = state.memo.get("placement_idle")
     if idle is not None and idle[0] == idle_key:

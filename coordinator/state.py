@@ -179,6 +179,11 @@ class RegionState:
 
     def __init__(self) -> None:
         self.last_seq = 0
+        # Moved by every applied event that can change what placement or the pools
+        # decide: all but a holding task moving between holding states (PLACED ->
+        # STARTING -> RUNNING), which is most of a busy region's log. Rounds key their
+        # memos on it, not on last_seq.
+        self.epoch = 0
         self.term = 0
         self.leader_id = ""
         self.jobs: dict[str, JobRecord] = {}
@@ -229,7 +234,9 @@ class RegionState:
     def _apply_event(self, seq: int, ev: object) -> None:
         if isinstance(ev, TaskUpdated):
             self._task_updated(ev)
-        elif isinstance(ev, TaskPlaced):
+            return
+        self.epoch += 1
+        if isinstance(ev, TaskPlaced):
             self._task_placed(ev)
         elif isinstance(ev, JobSubmitted):
             self._job_submitted(seq, ev)
@@ -322,6 +329,8 @@ class RegionState:
             self.ignored += 1
             return
         was_holding = task.state in HOLDING
+        if not (was_holding and ev.state in HOLDING):
+            self.epoch += 1
         if task.state == TaskState.PENDING:
             self._count_pending(task, -1, ev.ts)
         if ev.state == TaskState.PENDING:

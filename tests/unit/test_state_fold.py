@@ -636,6 +636,26 @@ def next_event(tape: Tape, state: RegionState):
     return TaskUpdated(job_id, tid, attempt, new, "", 0.0)
 
 
+def placement_inputs(state: RegionState):
+    """Everything placement and the pools read from the state."""
+    return (
+        [
+            (j.job_id, sorted(t.task_id for t in j.tasks.values() if t.state == S.PENDING))
+            for j in state.pending_jobs()
+        ],
+        {
+            j: sorted(t.node_id for t in job.tasks.values() if t.state in HOLDING)
+            for j, job in state.jobs.items()
+        },
+        dict(state.node_alloc),
+        dict(state.gpu_alloc),
+        dict(state.pool_alloc),
+        dict(state.pool_fixed),
+        state.pool_source,
+        sorted(state.preempting),
+    )
+
+
 def run_sequence(numbers: list[int], record=note) -> None:
     tape = Tape(numbers)
     s = RegionState()
@@ -653,7 +673,11 @@ def run_sequence(numbers: list[int], record=note) -> None:
         attempts = {tid: t.attempt for tid, t in s.tasks.items()}
         seq += 1 + tape.below(3)
         record(f"apply({seq}, term={term}): {events}")
+        epoch, inputs = s.epoch, placement_inputs(s)
         assert s.apply(seq, LogEntry(term, "c", events)) is True
+        assert s.epoch >= epoch
+        if s.epoch == epoch:  # rounds skip work on this: nothing they read may have moved
+            assert placement_inputs(s) == inputs
         assert s.last_seq == seq
         assert s.ignored >= ignored
         ignored = s.ignored
