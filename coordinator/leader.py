@@ -47,6 +47,10 @@ RECONCILE_EVERY_S = 0.5
 KILL_RESEND_S = 5.0
 MAX_ROUNDS = 20
 EVENTS_ACK_WAIT_S = 3.0
+# Agent reports taken per fetch, and logged in one append: each fetch, append and
+# acknowledgement waits its turn behind placement rounds on the loop, so a 5,000-node
+# region starting tasks by the thousand needs big batches (512 left 25,000 waiting).
+EVENTS_BATCH = 2000
 PUBLISH_TIMEOUT_S = 10.0
 BATCH_BYTES = 512 * 1024  # a batch stays well inside the 1 MiB a message may have
 
@@ -366,7 +370,12 @@ class Leader:
             )
 
         return PullLoop(
-            "leader-events", subscribe, self._handle_events, batch=512, wait_s=1.0, linger_s=0.002
+            "leader-events",
+            subscribe,
+            self._handle_events,
+            batch=EVENTS_BATCH,
+            wait_s=1.0,
+            linger_s=0.002,
         )
 
     async def _handle_events(self, msgs) -> None:

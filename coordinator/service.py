@@ -28,6 +28,9 @@ from mesh.streams import ensure_streams
 log = logging.getLogger("mesh.coordinator")
 
 MAX_REMEMBERED_HEARTBEATS = 100_000
+NODE_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeState))
+# Valid stand-ins for NodeState's required fields, so its changed fields decode alone.
+REQUIRED_PLACEHOLDERS = {"node_id": "", "region": "", "seq": 0, "ts": 0.0}
 
 
 def _freeze_survivors(phase: str, info: dict) -> None:
@@ -172,22 +175,26 @@ class Coordinator:
             log.info("%s stepped down (term %d)", self.candidate_id, leader.term)
 
     def _node_state(self, subject: str, data: bytes) -> NodeState:
-        """Decode a heartbeat. Most repeat the node's previous one but for its clock (seq,
-        ts): those are compared as msgpack gave them and only the clock is validated, not
-        the whole state again (5,000 nodes a second cost the leader a third of a core)."""
+        """Decode a heartbeat. Each is compared, as msgpack gave it, with the node's
+        previous one, and only the fields that changed are validated (most change only
+        the clock; a busy node's also its task list): 5,000 nodes a second validated
+        whole cost the leader a third of a core. The result is what a full decode gives
+        (tested): the fields are validated one by one, and the state is made anew."""
         raw = unpack(data)
-        if type(raw) is not dict:
-            return from_wire(NodeState, raw)
-        rest = dict(raw)
-        clock = {k: rest.pop(k) for k in ("seq", "ts") if k in rest}
         last = self._last_heartbeat.get(subject)
-        if last is not None and last[0] == rest:
-            c = from_wire(NodeState, {"node_id": "", "region": "", **clock})
-            return dataclasses.replace(last[1], seq=c.seq, ts=c.ts)
-        st = from_wire(NodeState, raw)
-        if len(self._last_heartbeat) >= MAX_REMEMBERED_HEARTBEATS:
-            self._last_heartbeat.clear()
-        self._last_heartbeat[subject] = (rest, st)
+        if type(raw) is dict and last is not None and raw.keys() == last[0].keys():
+            before = last[0]
+            changed = {k: v for k, v in raw.items() if before[k] != v}
+            part = from_wire(NodeState, {**REQUIRED_PLACEHOLDERS, **changed})
+            known = changed.keys() & NODE_STATE_FIELDS  # others are ignored, as in from_wire
+            st = dataclasses.replace(last[1], **{k: getattr(part, k) for k in known})
+        else:
+            st = from_wire(NodeState, raw)
+            if type(raw) is not dict:
+                return st
+            if len(self._last_heartbeat) >= MAX_REMEMBERED_HEARTBEATS:
+                self._last_heartbeat.clear()
+        self._last_heartbeat[subject] = (raw, st)
         return st
 
     async def _on_state(self, msg) -> None:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.cluster import DOWN, READY, SUSPECT, ClusterView, NodeView
-from mesh.schema import NodeState
+from mesh.schema import GpuStatus, NodeState
 from workloads.resources import Resources
 
 
@@ -132,14 +132,31 @@ def test_a_repeated_heartbeat_is_decoded_as_a_full_one_would_be():
     first = NodeState("n1", "default", 1, 10.0, Resources(cpu=4000), labels={"a": "b"})
     again = dataclasses.replace(first, seq=2, ts=11.5)
     changed = dataclasses.replace(again, seq=3, ts=12.0, cpu_percent=50.0)
-    for state in (first, again, changed, again):
+    busy = dataclasses.replace(changed, seq=4, tasks=("j.w.0#1", "j.w.1#1"))
+    gpu = GpuStatus(0, "GPU-0", "L4", 24 * 2**30, 2**30, 40)
+    gpus = dataclasses.replace(busy, seq=5, tasks=("j.w.1#1",), gpus=(gpu,))
+    for state in (first, again, changed, again, busy, gpus, busy, first):
         data = encode(state)
         assert coord._node_state(subject, data) == decode(NodeState, data) == state
-    for bad in ({"ts": "late"}, {"seq": -1}, {"ts": float("inf")}):
-        raw = unpack(encode(again))
+    raw = unpack(encode(again))
+    raw["later_field"] = 1  # unknown fields are ignored, whether new or changed
+    assert coord._node_state(subject, pack(raw)) == again
+    raw["later_field"] = 2
+    assert coord._node_state(subject, pack(raw)) == again
+    for bad in (
+        {"ts": "late"},
+        {"seq": -1},
+        {"ts": float("inf")},
+        {"tasks": ["ok#1", 7]},
+        {"tasks": "j.w.0#1"},
+        {"gpus": [{"index": -1}]},
+        {"cpu_percent": "busy"},
+    ):
+        raw = unpack(encode(busy))
         raw.update(bad)
         with pytest.raises(WireError):
             coord._node_state(subject, pack(raw))
+        assert coord._node_state(subject, encode(busy)) == busy
 
 
 def test_every_heartbeat_and_status_change_is_in_the_journal():
