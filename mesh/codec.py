@@ -78,7 +78,11 @@ def to_wire(obj: Any, seen: dict[int, Any] | None = None) -> Any:
             if hit is not None:
                 return hit
         names, tag = _field_names(cls)
-        out = {name: to_wire(getattr(obj, name), seen) for name in names}
+        # Plain values (most fields) are taken as they are, without a call each.
+        out = {
+            name: v if type(v := getattr(obj, name)) in _PLAIN else to_wire(v, seen)
+            for name in names
+        }
         if tag is not None:
             out["_t"] = tag
         if seen is not None:
@@ -87,9 +91,9 @@ def to_wire(obj: Any, seen: dict[int, Any] | None = None) -> Any:
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, (list, tuple)):
-        return [to_wire(x, seen) for x in obj]
+        return [x if type(x) in _PLAIN else to_wire(x, seen) for x in obj]
     if isinstance(obj, dict):
-        return {k: to_wire(v, seen) for k, v in obj.items()}
+        return {k: v if type(v) in _PLAIN else to_wire(v, seen) for k, v in obj.items()}
     return obj
 
 
