@@ -4,7 +4,10 @@ A backlog that fits nowhere made every round re-place all of it, for every new j
 that arrived. A job that fit no node would not fit on the same nodes again, so it is
 parked until one of:
 - a node whose grants moved since (the fold's journal) has room for one of its tasks
-  (a job none of whose tasks fits any changed node still has only the nodes it had);
+  (a job none of whose tasks fits any changed node still has only the nodes it had),
+  and, for a gang that needs all its tasks at once, the ready nodes have room for as
+  many tasks of each size as it has waiting (else a gang of 64 was looked at again on
+  every release of one core);
 - the ready nodes change;
 - PARK_S passes: heartbeats move what is measured (GPU memory and load), which the
   grants do not show.
@@ -34,7 +37,8 @@ class Parking:
     mark: Mark  # where the fold's journal of grants stood
     until: dict[str, float]  # job -> when to look again; in parking order
     why: dict[str, str]  # job -> why it waits
-    needs: dict[str, frozenset[Need]]  # job -> its waiting tasks' distinct resources
+    # job -> how many waiting tasks need each size, and whether it needs them all at once
+    needs: dict[str, tuple[dict[Need, int], bool]]
 
 
 def parked(state: RegionState, snap: Snapshot, now: float) -> Parking:
@@ -73,13 +77,16 @@ def park(
         p.needs[job_id] = _needs(job)
 
 
-def _needs(job: JobRecord) -> frozenset[Need]:
-    needs = set()
+def _needs(job: JobRecord) -> tuple[dict[Need, int], bool]:
+    counts: dict[Need, int] = {}
     for t in job.tasks.values():
         if t.state == TaskState.PENDING:
             r = t.resources
-            needs.add((r.cpu, r.memory, r.disk, r.gpu, r.gpu_memory))
-    return frozenset(needs)
+            need = (r.cpu, r.memory, r.disk, r.gpu, r.gpu_memory)
+            counts[need] = counts.get(need, 0) + 1
+    # All at once: a gang without a smaller minimum (that one is checked task by task).
+    whole = job.spec.placement.gang and job.spec.min_tasks is None
+    return counts, whole
 
 
 def _let_go(p: Parking, job_id: str) -> None:
@@ -87,21 +94,43 @@ def _let_go(p: Parking, job_id: str) -> None:
 
 
 def _let_go_where_room(p: Parking, snap: Snapshot, granted: set) -> None:
-    """Node-level room is checked (not per GPU, not labels): at worst a job is looked
-    at in vain, never left parked while it could fit."""
+    """Room is counted per node and kind (not per GPU, not by labels): at worst a job
+    is looked at in vain, never left parked while it could fit."""
     rows = [i for n in granted if (i := snap.index.get(n)) is not None]
     if not rows:
         return
-    free = snap.free[rows]
-    room: dict[Need, bool] = {}
-    for job_id, needs in list(p.needs.items()):
-        for need in needs:
-            fits = room.get(need)
-            if fits is None:
-                fits = room[need] = bool((free >= np.array(need)).all(axis=1).any())
-            if fits:
-                _let_go(p, job_id)
-                break
+    changed = snap.free[rows]
+    room: dict[Need, bool] = {}  # fits some changed node
+    slots: dict[Need, int] = {}  # tasks of this size the ready nodes have room for
+    for job_id, (counts, whole) in list(p.needs.items()):
+        if not any(_cached(room, need, lambda n: bool(_fits(changed, n).any())) for need in counts):
+            continue
+        if whole and any(
+            _cached(slots, need, lambda n: _slots(snap.free, n)) < count
+            for need, count in counts.items()
+        ):
+            continue
+        _let_go(p, job_id)
+
+
+def _cached(memo: dict, need: Need, compute):
+    v = memo.get(need)
+    if v is None:
+        v = memo[need] = compute(need)
+    return v
+
+
+def _fits(free: np.ndarray, need: Need) -> np.ndarray:
+    return (free >= np.array(need)).all(axis=1)
+
+
+def _slots(free: np.ndarray, need: Need) -> int:
+    d = np.array(need)
+    kinds = d > 0
+    if not kinds.any():
+        return 1 << 62
+    per_node = (np.maximum(free[:, kinds], 0) // d[kinds]).min(axis=1)
+    return int(per_node.sum())
 
 
 def _let_go_expired(p: Parking, now: float) -> None:

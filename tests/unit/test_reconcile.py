@@ -822,6 +822,35 @@ def test_a_job_that_fits_no_node_is_parked_until_something_could_make_room(monke
     assert placements(d) == [("wider.w.0", "c", 1)]
 
 
+def test_a_gang_stays_parked_while_releases_cannot_give_it_all_its_tasks(monkeypatch):
+    """A release that leaves room for one task of a gang, but not for all of them across
+    the ready nodes, does not make it fit: the gang stays parked."""
+    from coordinator.parking import PARK_S
+
+    looked = spy_on_placement(monkeypatch)
+    log = Log()
+    for name in ("x", "y"):
+        log.submit(name, count=1, cpu="1")
+    log.run("x.w.0", "a")
+    log.run("y.w.0", "b")
+    log.submit("gang", count=3, memory="10Gi")  # 15 GiB free on a and on b: 2 slots
+    nodes = cluster(view("a"), view("b"))
+    t0 = log.state.jobs["gang"].pending_since + 1.0  # young: far from holding the line
+    d = log.step(nodes, t0)
+    assert placements(d) == [] and "gang" in d.unplaced
+    assert looked == [["gang"]]
+    log.update("x.w.0", S.SUCCEEDED)  # a: 16 GiB free, room for one task; 2 slots in all
+    d = log.step(nodes, t0 + 0.1)
+    assert looked == [["gang"]] and "gang" in d.unplaced  # not looked at: cannot fit
+    log.update("y.w.0", S.SUCCEEDED)  # b: 16 GiB too; still 2 slots for 3 tasks
+    log.step(nodes, t0 + 0.2)
+    assert looked == [["gang"]]
+    nodes.observe(view("c").state, HEARD)  # a third slot: looked at, placed
+    d = log.step(nodes, t0 + 0.3)
+    assert looked[-1] == ["gang"] and len(placements(d)) == 3
+    assert t0 + 0.3 < NOW + PARK_S  # all of it before the parking ran out
+
+
 def test_a_gang_about_to_hold_the_line_is_not_parked(monkeypatch):
     from coordinator.parking import PARK_S
     from coordinator.scheduling import PlacementConfig
@@ -851,3 +880,41 @@ def test_still_placed_keeps_only_placements_the_state_has_at_that_attempt():
     log.place("j.w.2", "b")
     keys = {("j.w.2", 1), ("j.w.0", 1), ("j.w.1", 1), ("j.w.0", 2), ("gone", 1)}
     assert [t.task_id for t in still_placed(log.state, keys)] == ["j.w.0", "j.w.2"]
+
+
+@settings(max_examples=150, database=None, deadline=None, derandomize=True)
+@given(st.integers(0, 2**32 - 1))
+def test_a_job_kept_parked_would_not_fit(seed):
+    """Parking is only ever a shortcut: whatever is released, a job it keeps parked is
+    one that placement would not place now. Nodes are left with memory in fragments (2
+    GiB each) too small for a task of the job, though enough in all to admit it."""
+    from coordinator.parking import parked
+    from coordinator.scheduling import PlacementConfig, place_jobs, snapshot
+
+    rnd = random.Random(seed)
+    log = Log()
+    n = rnd.randint(2, 4)
+    nodes = cluster(*(view(f"n{i}", cpu=8000, memory=8 * GiB) for i in range(n)))
+    small = [f"s{i}" for i in range(2 * n)]
+    for i, j in enumerate(small):
+        log.submit(j, count=1, cpu="1", memory="3Gi")
+        log.run(f"{j}.w.0", f"n{i // 2}")
+    log.submit("big", count=rnd.randint(1, 2 * n // 3), cpu="1", memory="3Gi")
+    if rnd.random() < 0.5:
+        job = log.state.jobs["big"]
+        job.spec = dataclasses.replace(  # not all at once: any task may go alone
+            job.spec, placement=dataclasses.replace(job.spec.placement, gang=False)
+        )
+    t0 = log.state.jobs["big"].pending_since + 1.0
+    d = log.step(nodes, t0)
+    assert placements(d) == [] and "fits no node" in d.unplaced["big"]
+    for _ in range(4):
+        for j in small:  # some small tasks end, giving back what they held
+            t = log.state.tasks[f"{j}.w.0"]
+            if t.state in HOLDING and rnd.random() < 0.3:
+                log.update(t.task_id, S.SUCCEEDED)
+        t0 += 0.01
+        if "big" in parked(log.state, snapshot(nodes, log.state), t0).why:
+            result = place_jobs(log.state, nodes, [log.state.jobs["big"]], t0, PlacementConfig())
+            assert not [x for x in result.placed if x.job_id == "big"]
+        log.step(nodes, t0)
