@@ -3,20 +3,24 @@
 A backlog that fits nowhere made every round re-place all of it, for every new job
 that arrived. A job that fit no node would not fit on the same nodes again, so it is
 parked until one of:
-- a node whose grants moved since (the fold's journal) has room for one of its tasks
-  (a job none of whose tasks fits any changed node still has only the nodes it had),
-  and, for a gang that needs all its tasks at once, the ready nodes have room for as
-  many tasks of each size as it has waiting (else a gang of 64 was looked at again on
-  every release of one core);
+- a node whose grants moved since (the fold's journal) carries its labels and has room
+  for one of its tasks (a job none of whose tasks fits any changed node still has only
+  the nodes it had), and, for a gang that needs all its tasks at once, the ready nodes
+  with its labels have room for as many tasks of each size as it waits for (else a gang
+  of 64 was looked at again on every release of one core);
 - the ready nodes change;
-- PARK_S passes: heartbeats move what is measured (GPU memory and load), which the
-  grants do not show.
+- its parking runs out, PARK_S to 1.5 x PARK_S (spread by job, so jobs parked in one
+  round are not all looked at again in one round): heartbeats move what is measured
+  (GPU memory and load), which the grants do not show. Kubernetes, for comparison,
+  flushes its unschedulable pods after 5 minutes when no event moved them.
 """
 
 from __future__ import annotations
 
+import heapq
+import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,19 +30,30 @@ from coordinator.scheduling import PlacementConfig
 from coordinator.state import JobRecord, RegionState
 from workloads.lifecycle import TaskState
 
-PARK_S = 1.0  # the longest a job that fit no node waits before it is looked at again
+PARK_S = 5.0  # the shortest a job that fit no node is parked; the longest is 1.5 x this
+MAX_PARK_S = 1.5 * PARK_S
 
 Need = tuple[int, int, int, int, int]  # one task's resources, in Resources.KINDS order
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What a parked job waits to find room for."""
+
+    counts: dict[Need, int]  # waiting tasks per size
+    whole: bool  # all of them at once (a gang without a smaller minimum)
+    labels: Labels  # every node it may use carries these
 
 
 @dataclass(slots=True)
 class Parking:
     ids: list[str]  # the ready nodes (the snapshot's) the jobs were parked on
     mark: Mark  # where the fold's journal of grants stood
-    until: dict[str, float]  # job -> when to look again; in parking order
-    why: dict[str, str]  # job -> why it waits
-    # job -> how many waiting tasks need each size, and whether it needs them all at once
-    needs: dict[str, tuple[dict[Need, int], bool]]
+    why: dict[str, str] = field(default_factory=dict)  # job -> why it waits
+    needs: dict[str, Needs] = field(default_factory=dict)
+    until: dict[str, float] = field(default_factory=dict)  # job -> when to look again
+    due: list[tuple[float, str]] = field(default_factory=list)  # heap of (until, job)
 
 
 def parked(state: RegionState, snap: Snapshot, now: float) -> Parking:
@@ -47,7 +62,7 @@ def parked(state: RegionState, snap: Snapshot, now: float) -> Parking:
     granted = None if p is None else state.node_changes.since(p.mark)
     mark = state.node_changes.mark()
     if p is None or granted is None or (p.ids is not snap.ids and p.ids != snap.ids):
-        p = Parking(snap.ids, mark, {}, {}, {})
+        p = Parking(snap.ids, mark)
         state.memo["parking"] = p
     else:
         p.ids, p.mark = snap.ids, mark
@@ -65,63 +80,80 @@ def park(
     config: PlacementConfig,
     why: dict[str, str],
 ) -> None:
-    """A gang that holds the line, or will within PARK_S, is not parked: it must be
-    looked at to hold it (see `scheduling.holds_line`)."""
-    soon = config.starve_after_s - PARK_S
+    """A gang that holds the line, or may before its parking runs out, is not parked:
+    it must be looked at to hold it (see `scheduling.holds_line`)."""
+    soon = config.starve_after_s - MAX_PARK_S
     for job_id in misfits:
         job = state.jobs[job_id]
         if job.spec.placement.gang and len(job.tasks) > 1 and now - job.pending_since >= soon:
             continue
-        p.until[job_id] = now + PARK_S
+        spread = (zlib.crc32(job_id.encode()) % 1024) / 2048  # 0 to 0.5, fixed per job
+        until = now + PARK_S * (1 + spread)
         p.why[job_id] = why[job_id]
         p.needs[job_id] = _needs(job)
+        p.until[job_id] = until
+        heapq.heappush(p.due, (until, job_id))
 
 
-def _needs(job: JobRecord) -> tuple[dict[Need, int], bool]:
+def _needs(job: JobRecord) -> Needs:
     counts: dict[Need, int] = {}
     for t in job.tasks.values():
         if t.state == TaskState.PENDING:
             r = t.resources
             need = (r.cpu, r.memory, r.disk, r.gpu, r.gpu_memory)
             counts[need] = counts.get(need, 0) + 1
-    # All at once: a gang without a smaller minimum (that one is checked task by task).
-    whole = job.spec.placement.gang and job.spec.min_tasks is None
-    return counts, whole
+    placement = job.spec.placement
+    return Needs(counts, placement.gang and job.spec.min_tasks is None, placement.labels)
 
 
 def _let_go(p: Parking, job_id: str) -> None:
-    del p.until[job_id], p.why[job_id], p.needs[job_id]
+    del p.why[job_id], p.needs[job_id], p.until[job_id]  # its heap entry goes when due
 
 
 def _let_go_where_room(p: Parking, snap: Snapshot, granted: set) -> None:
-    """Room is counted per node and kind (not per GPU, not by labels): at worst a job
-    is looked at in vain, never left parked while it could fit."""
-    rows = [i for n in granted if (i := snap.index.get(n)) is not None]
-    if not rows:
+    """Room is counted per node and kind (not per GPU): at worst a job is looked at in
+    vain, never left parked while it could fit."""
+    rows = np.array([i for n in granted if (i := snap.index.get(n)) is not None], dtype=np.int64)
+    if not len(rows):
         return
-    changed = snap.free[rows]
-    room: dict[Need, bool] = {}  # fits some changed node
-    slots: dict[Need, int] = {}  # tasks of this size the ready nodes have room for
-    for job_id, (counts, whole) in list(p.needs.items()):
-        if not any(_cached(room, need, lambda n: bool(_fits(changed, n).any())) for need in counts):
+    masks: dict[Labels, np.ndarray] = {}
+    room: dict[tuple[Need, Labels], bool] = {}  # fits some changed node with the labels
+    slots: dict[tuple[Need, Labels], int] = {}  # tasks of a size the ready nodes can take
+    for job_id, needs in list(p.needs.items()):
+        labels = needs.labels
+        mask = masks.get(labels)
+        if mask is None:
+            mask = masks[labels] = _with_labels(snap, labels)
+        fits = False
+        for need in needs.counts:
+            key = (need, labels)
+            if key not in room:
+                free = snap.free[rows[mask[rows]]]
+                room[key] = bool((free >= np.array(need)).all(axis=1).any())
+            if room[key]:
+                fits = True
+                break
+        if not fits:
             continue
-        if whole and any(
-            _cached(slots, need, lambda n: _slots(snap.free, n)) < count
-            for need, count in counts.items()
-        ):
-            continue
+        if needs.whole:
+            short = False
+            for need, count in needs.counts.items():
+                key = (need, labels)
+                if key not in slots:
+                    slots[key] = _slots(snap.free[mask], need)
+                if slots[key] < count:
+                    short = True
+                    break
+            if short:
+                continue
         _let_go(p, job_id)
 
 
-def _cached(memo: dict, need: Need, compute):
-    v = memo.get(need)
-    if v is None:
-        v = memo[need] = compute(need)
-    return v
-
-
-def _fits(free: np.ndarray, need: Need) -> np.ndarray:
-    return (free >= np.array(need)).all(axis=1)
+def _with_labels(snap: Snapshot, labels: Labels) -> np.ndarray:
+    mask = np.ones(len(snap), dtype=bool)
+    for key, value in labels:
+        mask &= snap.label_mask(key, value)
+    return mask
 
 
 def _slots(free: np.ndarray, need: Need) -> int:
@@ -134,12 +166,10 @@ def _slots(free: np.ndarray, need: Need) -> int:
 
 
 def _let_go_expired(p: Parking, now: float) -> None:
-    """Parking order is expiry order (the clock moves on), so stop at the first job not
-    due; one due more than PARK_S from now means the clock went back: due."""
-    due = []
-    for job_id, until in p.until.items():
-        if now < until <= now + PARK_S:
-            break
-        due.append(job_id)
-    for job_id in due:
-        _let_go(p, job_id)
+    """A heap entry whose job was let go (or parked again since) is dropped when due.
+    One due later than MAX_PARK_S from now means the clock went back: due."""
+    due = p.due
+    while due and (due[0][0] <= now or due[0][0] > now + MAX_PARK_S):
+        until, job_id = heapq.heappop(due)
+        if p.until.get(job_id) == until:
+            _let_go(p, job_id)

@@ -776,9 +776,9 @@ def spy_on_placement(monkeypatch) -> list[list[str]]:
 def test_a_job_that_fits_no_node_is_parked_until_something_could_make_room(monkeypatch):
     """A job that fits no node is not placed again by every round (each new job made the
     whole backlog be re-placed): it is passed over, still saying why, until a node whose
-    grants moved has room for one of its tasks, the ready nodes change, or PARK_S has
-    passed."""
-    from coordinator.parking import PARK_S
+    grants moved has room for one of its tasks, the ready nodes change, or its parking
+    ran out."""
+    from coordinator.parking import MAX_PARK_S
 
     looked = spy_on_placement(monkeypatch)
     log = Log()
@@ -798,27 +798,27 @@ def test_a_job_that_fits_no_node_is_parked_until_something_could_make_room(monke
     assert "fits no node" in d.unplaced["wide"]  # and still says why
     d = log.step(nodes, NOW + 0.2)
     assert placements(d) == [] and "fits no node" in d.unplaced["wide"]
-    # Later than PARK_S: looked at again (a heartbeat may have changed what fits).
+    # Once its parking ran out: looked at again (a heartbeat may have changed what fits).
     n = len(looked)
-    log.step(nodes, NOW + 0.2 + PARK_S)
+    log.step(nodes, NOW + 0.2 + MAX_PARK_S)
     assert looked[n:] == [["wide"]]
     # A release where 7 cores cannot be free (b has 6): not looked at.
     log.update("tiny.w.0", S.SUCCEEDED)
     n = len(looked)
-    d = log.step(nodes, NOW + 0.3 + PARK_S)
+    d = log.step(nodes, NOW + 0.3 + MAX_PARK_S)
     assert looked[n:] == [] and "fits no node" in d.unplaced["wide"]
     # A release that leaves a with room for it: looked at, and placed there.
     log.update("old.w.0", S.SUCCEEDED)
-    d = log.step(nodes, NOW + 0.4 + PARK_S)
+    d = log.step(nodes, NOW + 0.4 + MAX_PARK_S)
     assert placements(d) == [("wide.w.0", "a", 1)]
     # New ready nodes: a parked job is looked at, and placed on the node it fits.
     log.submit("wider", count=1, memory="20Gi")  # 16 GiB per node
-    d = log.step(nodes, NOW + 0.5 + PARK_S)
+    d = log.step(nodes, NOW + 0.5 + MAX_PARK_S)
     assert placements(d) == [] and "fits no node" in d.unplaced["wider"]
     n = len(looked)
-    assert log.step(nodes, NOW + 0.6 + PARK_S).events == [] and looked[n:] == []  # parked
+    assert log.step(nodes, NOW + 0.6 + MAX_PARK_S).events == [] and looked[n:] == []  # parked
     nodes.observe(view("c", memory=32 * GiB).state, HEARD)
-    d = log.step(nodes, NOW + 0.7 + PARK_S)
+    d = log.step(nodes, NOW + 0.7 + MAX_PARK_S)
     assert placements(d) == [("wider.w.0", "c", 1)]
 
 
@@ -848,11 +848,35 @@ def test_a_gang_stays_parked_while_releases_cannot_give_it_all_its_tasks(monkeyp
     nodes.observe(view("c").state, HEARD)  # a third slot: looked at, placed
     d = log.step(nodes, t0 + 0.3)
     assert looked[-1] == ["gang"] and len(placements(d)) == 3
-    assert t0 + 0.3 < NOW + PARK_S  # all of it before the parking ran out
+    assert 0.3 < PARK_S  # all of it before the parking ran out
+
+
+def test_a_release_on_a_node_without_its_labels_leaves_a_job_parked(monkeypatch):
+    looked = spy_on_placement(monkeypatch)
+    log = Log()
+    log.submit("x", count=1, cpu="4")
+    log.run("x.w.0", "plain")
+    log.submit("y", count=1, cpu="4")
+    log.run("y.w.0", "racked")
+    spec = job_spec("picky", count=1, cpu="6")
+    spec["placement"] = {"labels": {"rack": "r1"}}
+    log.append(JobSubmitted("picky", "client-picky", spec, 1.0))
+    racked = view("racked")
+    racked.state = dataclasses.replace(racked.state, labels={"rack": "r1"})
+    nodes = cluster(view("plain"), racked)  # 8 cores each, 4 free: 6 fits neither
+    t0 = log.state.jobs["picky"].pending_since + 1.0
+    d = log.step(nodes, t0)
+    assert placements(d) == [] and looked == [["picky"]]
+    log.update("x.w.0", S.SUCCEEDED)  # room on "plain", which lacks the label
+    d = log.step(nodes, t0 + 0.1)
+    assert looked == [["picky"]] and "picky" in d.unplaced
+    log.update("y.w.0", S.SUCCEEDED)  # room on "racked": looked at, placed there
+    d = log.step(nodes, t0 + 0.2)
+    assert placements(d) == [("picky.w.0", "racked", 1)]
 
 
 def test_a_gang_about_to_hold_the_line_is_not_parked(monkeypatch):
-    from coordinator.parking import PARK_S
+    from coordinator.parking import MAX_PARK_S
     from coordinator.scheduling import PlacementConfig
 
     looked = spy_on_placement(monkeypatch)
@@ -864,7 +888,7 @@ def test_a_gang_about_to_hold_the_line_is_not_parked(monkeypatch):
     reconcile(log.state, nodes, t0 + 1.0, config)
     reconcile(log.state, nodes, t0 + 1.1, config)
     assert looked == [["gang"]]  # young: parked
-    late = t0 + config.starve_after_s - PARK_S / 2
+    late = t0 + config.starve_after_s - MAX_PARK_S / 2
     reconcile(log.state, nodes, late, config)
     reconcile(log.state, nodes, late + 1.0, config)  # (a round in the same second is idle)
     assert looked[1:] == [["gang"], ["gang"]]  # about to hold the line: looked at each round

@@ -38,6 +38,9 @@ def test_a_starving_gang_holds_the_line_in_windows():
     assert holds_line(105, c)
 
 
+LABELS = [("rack", "x"), ("rack", "y"), ("zone", "zone-a"), ("zone", "zone-b")]
+
+
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(st.integers(0, 2**32 - 1))
 def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
@@ -87,12 +90,21 @@ def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
     state.apply(2, LogEntry(1, "c", (JobSubmitted("g", "c2", gpu_spec, 0.0),)))
     seq, placed = 2, 0
     for _ in range(10):
-        snapshot(cluster, state)  # the kept one, updated below
+        before = snapshot(cluster, state)  # the kept one, updated below
+        for label in LABELS:  # masks asked for, so the next snapshot carries them over
+            before.label_mask(*label)
         clock += rnd.choice([0.5, 1.0, 4.0])
         for _ in range(rnd.randint(0, 6)):  # new heartbeats: load and GPU use move
             st = cluster.nodes[rnd.choice(sorted(cluster.nodes))].state
             gpus = tuple(dataclasses.replace(g, utilization=rnd.randint(0, 100)) for g in st.gpus)
-            st = dataclasses.replace(st, seq=st.seq + 1, cpu_percent=rnd.uniform(0, 100), gpus=gpus)
+            labels = {**st.labels, "rack": rnd.choice("xy")}  # labels move too, now and then
+            st = dataclasses.replace(
+                st,
+                seq=st.seq + 1,
+                cpu_percent=rnd.uniform(0, 100),
+                gpus=gpus,
+                labels=labels if rnd.random() < 0.5 else st.labels,
+            )
             cluster.observe(st, clock)
         cluster.sweep(clock)  # the silent go suspect (out of the snapshot) and come back
         views = cluster.ready()
@@ -116,3 +128,5 @@ def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
         assert len(arrays) >= 13  # every per-node array the snapshot has, not a copied list
         for name in arrays:
             assert np.array_equal(getattr(kept, name), getattr(fresh, name)), name
+        for label in LABELS:
+            assert np.array_equal(kept.label_mask(*label), fresh.label_mask(*label)), label
