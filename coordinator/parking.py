@@ -39,9 +39,10 @@ Labels = tuple[tuple[str, str], ...]
 
 @dataclass(frozen=True, slots=True)
 class Needs:
-    """What a parked job waits to find room for."""
+    """What a parked job waits to find room for. Jobs alike share one (a backlog of
+    thousands has a few dozen), so a round checks each once."""
 
-    counts: dict[Need, int]  # waiting tasks per size
+    counts: tuple[tuple[Need, int], ...]  # waiting tasks per size, by size
     whole: bool  # all of them at once (a gang without a smaller minimum)
     labels: Labels  # every node it may use carries these
 
@@ -52,6 +53,7 @@ class Parking:
     mark: Mark  # where the fold's journal of grants stood
     why: dict[str, str] = field(default_factory=dict)  # job -> why it waits
     needs: dict[str, Needs] = field(default_factory=dict)
+    alike: dict[Needs, set[str]] = field(default_factory=dict)  # the jobs with those needs
     until: dict[str, float] = field(default_factory=dict)  # job -> when to look again
     due: list[tuple[float, str]] = field(default_factory=list)  # heap of (until, job)
 
@@ -89,8 +91,10 @@ def park(
             continue
         spread = (zlib.crc32(job_id.encode()) % 1024) / 2048  # 0 to 0.5, fixed per job
         until = now + PARK_S * (1 + spread)
+        needs = _needs(job)
         p.why[job_id] = why[job_id]
-        p.needs[job_id] = _needs(job)
+        p.needs[job_id] = needs
+        p.alike.setdefault(needs, set()).add(job_id)
         p.until[job_id] = until
         heapq.heappush(p.due, (until, job_id))
 
@@ -103,11 +107,17 @@ def _needs(job: JobRecord) -> Needs:
             need = (r.cpu, r.memory, r.disk, r.gpu, r.gpu_memory)
             counts[need] = counts.get(need, 0) + 1
     placement = job.spec.placement
-    return Needs(counts, placement.gang and job.spec.min_tasks is None, placement.labels)
+    whole = placement.gang and job.spec.min_tasks is None
+    return Needs(tuple(sorted(counts.items())), whole, placement.labels)
 
 
 def _let_go(p: Parking, job_id: str) -> None:
-    del p.why[job_id], p.needs[job_id], p.until[job_id]  # its heap entry goes when due
+    needs = p.needs.pop(job_id)
+    del p.why[job_id], p.until[job_id]  # its heap entry goes when due
+    alike = p.alike[needs]
+    alike.discard(job_id)
+    if not alike:
+        del p.alike[needs]
 
 
 def _let_go_where_room(p: Parking, snap: Snapshot, granted: set) -> None:
@@ -117,36 +127,22 @@ def _let_go_where_room(p: Parking, snap: Snapshot, granted: set) -> None:
     if not len(rows):
         return
     masks: dict[Labels, np.ndarray] = {}
-    room: dict[tuple[Need, Labels], bool] = {}  # fits some changed node with the labels
-    slots: dict[tuple[Need, Labels], int] = {}  # tasks of a size the ready nodes can take
-    for job_id, needs in list(p.needs.items()):
-        labels = needs.labels
-        mask = masks.get(labels)
-        if mask is None:
-            mask = masks[labels] = _with_labels(snap, labels)
-        fits = False
-        for need in needs.counts:
-            key = (need, labels)
-            if key not in room:
-                free = snap.free[rows[mask[rows]]]
-                room[key] = bool((free >= np.array(need)).all(axis=1).any())
-            if room[key]:
-                fits = True
-                break
-        if not fits:
-            continue
-        if needs.whole:
-            short = False
-            for need, count in needs.counts.items():
-                key = (need, labels)
-                if key not in slots:
-                    slots[key] = _slots(snap.free[mask], need)
-                if slots[key] < count:
-                    short = True
-                    break
-            if short:
-                continue
-        _let_go(p, job_id)
+    for needs in [n for n in p.alike if _may_fit(n, snap, rows, masks)]:
+        for job_id in list(p.alike[needs]):
+            _let_go(p, job_id)
+
+
+def _may_fit(needs: Needs, snap: Snapshot, rows: np.ndarray, masks: dict) -> bool:
+    mask = masks.get(needs.labels)
+    if mask is None:
+        mask = masks[needs.labels] = _with_labels(snap, needs.labels)
+    changed = snap.free[rows[mask[rows]]]
+    if not any(bool((changed >= np.array(need)).all(axis=1).any()) for need, _ in needs.counts):
+        return False
+    if needs.whole:
+        free = snap.free[mask]
+        return all(_slots(free, need) >= count for need, count in needs.counts)
+    return True
 
 
 def _with_labels(snap: Snapshot, labels: Labels) -> np.ndarray:
