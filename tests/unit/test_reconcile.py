@@ -859,7 +859,7 @@ def test_a_release_on_a_node_without_its_labels_leaves_a_job_parked(monkeypatch)
     log.submit("y", count=1, cpu="4")
     log.run("y.w.0", "racked")
     spec = job_spec("picky", count=1, cpu="6")
-    spec["placement"] = {"labels": {"rack": "r1"}}
+    spec["placement"] = {"labels": {"rack": "r1"}, "gang": False}  # room alone decides
     log.append(JobSubmitted("picky", "client-picky", spec, 1.0))
     racked = view("racked")
     racked.state = dataclasses.replace(racked.state, labels={"rack": "r1"})
