@@ -462,7 +462,7 @@ class Api:
         capacity = Resources()
         for v in c.cluster.ready():
             capacity = capacity + v.state.capacity
-        view = pool_view(c.state, capacity, c.state.pending_jobs(), time.time())
+        view = pool_view(c.state, capacity, time.time())
         return pool_rows(c.state, view)
 
     async def pool_list(self, data: bytes) -> bytes:

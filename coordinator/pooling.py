@@ -16,7 +16,6 @@ from coordinator.pools import (
     choose_victims,
     compute_entitlement,
     format_amount,
-    sum_by_pool,
 )
 from coordinator.state import HOLDING, JobRecord, RegionState
 from mesh.schema import TaskPreemptRequested
@@ -45,15 +44,15 @@ class _Held:
     started: float
 
 
-def pool_view(
-    state: RegionState, capacity: Resources, waiting: list[JobRecord], now: float
-) -> PoolView:
+def pool_view(state: RegionState, capacity: Resources, now: float) -> PoolView:
     leaves = set(state.pools.leaves())
-    # From the job records, not a PendingJob each: the queue may hold 100,000 jobs, and
-    # building those was most of a round's cost (admission builds them for its window).
-    demand = sum_by_pool(
-        (j.spec.pool, j.pending_resources) for j in waiting if j.spec.pool in leaves
-    )
+    # Kept by the fold: the queue may hold 100,000 jobs, and summing it was most of a
+    # round's cost. Like sum_by_pool, without gpu_memory (pools do not budget it).
+    demand = {
+        p: Resources(r.cpu, r.memory, r.disk, r.gpu)
+        for p, r in state.pool_pending.items()
+        if p in leaves
+    }
     allocation = dict(state.pool_alloc)  # kept by the fold, not re-summed per round
     non_preemptible = dict(state.pool_fixed)
     alloc_leaves = {p: r for p, r in allocation.items() if p in leaves}

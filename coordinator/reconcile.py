@@ -286,7 +286,7 @@ def _place_waiting(
     if cached is not None and cached[0] == key:
         d.pools = cached[1]
     else:
-        d.pools = pool_view(state, capacity, waiting, now)
+        d.pools = pool_view(state, capacity, now)
         state.memo["pool_view"] = (key, d.pools)
     # Nothing placed last time and nothing changed since (the state's epoch, ready
     # capacity, the second): the same inputs would give the same answer, so skip it.

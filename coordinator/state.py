@@ -170,6 +170,15 @@ class JobRecord:
         }
 
 
+def _add_to(acc: dict[str, Resources], key: str, r: Resources, sign: int) -> None:
+    """Add (sign > 0) or take away `r` at `key`; a key that comes to nothing goes."""
+    new = acc.get(key, Resources()) + r if sign > 0 else acc.get(key, Resources()) - r
+    if new == Resources():
+        acc.pop(key, None)
+    else:
+        acc[key] = new
+
+
 def task_id_for(job_id: str, role: str, index: int) -> str:
     return f"{job_id}.{role}.{index}"
 
@@ -196,6 +205,9 @@ class RegionState:
         # jobs: kept here so a round does not re-sum every running task.
         self.pool_alloc: dict[str, Resources] = {}
         self.pool_fixed: dict[str, Resources] = {}
+        # Per job pool, what the waiting tasks of jobs not being killed ask for: the
+        # pools' demand, which a round summed over the whole queue before.
+        self.pool_pending: dict[str, Resources] = {}
         # Per (node, GPU uuid): milli-GPUs and GPU memory granted there, summed.
         self.gpu_alloc: dict[tuple[str, str], tuple[int, int]] = {}
         # Values derived from the state by pure functions, memoised per log position
@@ -243,6 +255,7 @@ class RegionState:
         elif isinstance(ev, JobKillRequested):
             job = self.jobs.get(ev.job_id)
             if job is not None and not job.kill_requested:
+                _add_to(self.pool_pending, job.spec.pool, job.pending_resources, -1)
                 job.kill_requested = True
                 job.kill_reason = ev.reason
                 self._track_killing(job)
@@ -286,6 +299,7 @@ class RegionState:
         job.pending = len(tasks)
         job.counts = {TaskState.PENDING: len(tasks)}
         job.pending_resources = spec.total_resources
+        _add_to(self.pool_pending, spec.pool, spec.total_resources, +1)
         self._submitted += 1
         job.order = (-spec.priority, seq, self._submitted)
         job.pending_since = ev.ts
@@ -419,12 +433,7 @@ class RegionState:
         spec = self.jobs[task.job_id].spec
         sums = (self.pool_alloc,) if spec.preemptible else (self.pool_alloc, self.pool_fixed)
         for acc in sums:
-            cur = acc.get(spec.pool, Resources())
-            new = cur + task.resources if sign > 0 else cur - task.resources
-            if new == Resources():
-                acc.pop(spec.pool, None)
-            else:
-                acc[spec.pool] = new
+            _add_to(acc, spec.pool, task.resources, sign)
 
     def _count_pending(self, task: TaskRecord, delta: int, ts: float) -> None:
         job = self.jobs[task.job_id]
@@ -435,6 +444,8 @@ class RegionState:
             job.pending_resources = job.pending_resources + task.resources
         else:
             job.pending_resources = job.pending_resources - task.resources
+        if not job.kill_requested:
+            _add_to(self.pool_pending, job.spec.pool, task.resources, delta)
         if job.pending > 0:
             self._wait(job)
         elif job.job_id in self.waiting:

@@ -131,6 +131,10 @@ def check_indexes(state: RegionState) -> None:
     nonzero = lambda d: {k: v for k, v in d.items() if v != Resources()}  # noqa: E731
     assert state.pool_alloc == nonzero(pools)
     assert state.pool_fixed == nonzero(fixed)
+    asked: dict[str, Resources] = {}
+    for job in state.pending_jobs():
+        asked[job.spec.pool] = asked.get(job.spec.pool, Resources()) + job.pending_resources
+    assert state.pool_pending == nonzero(asked)
     assert state.unsettled == {tid for tid, t in tasks.items() if t.state in UNSETTLED}
     for node, tids in holding.items():
         total = Resources()
