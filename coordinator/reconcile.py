@@ -270,8 +270,8 @@ def _place_waiting(
     d: Decisions,
 ) -> None:
     cached = state.memo.get("waiting")
-    if cached is None or cached[0] != state.epoch:
-        cached = (state.epoch, state.pending_jobs())  # the queue moves only with the epoch
+    if cached is None or cached[0] != state.queue_moves:
+        cached = (state.queue_moves, state.pending_jobs())  # not rebuilt while it stays
         state.memo["waiting"] = cached
     waiting: list[JobRecord] = cached[1]  # type: ignore[assignment]
     if not waiting:

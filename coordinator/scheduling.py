@@ -23,6 +23,7 @@ from coordinator.placement import (
     commit,
 )
 from coordinator.state import HOLDING, JobRecord, RegionState
+from mesh.schema import NodeState
 from workloads.lifecycle import TaskState
 from workloads.spec import TaskGroup
 
@@ -101,7 +102,9 @@ def node_info(view: NodeView, state: RegionState) -> NodeInfo:
 def snapshot(cluster: ClusterView, state: RegionState) -> Snapshot:
     """The snapshot of the cluster's ready nodes. The last one is kept in the state's
     memo, with where it stopped reading the journals of heartbeats (the cluster's) and
-    of grants (the fold's): only the rows of nodes named in them since are rebuilt. A
+    of grants (the fold's): only the rows of nodes named in them since are rebuilt, and
+    of a node that only heartbeat, only if what it measured moved (most heartbeats
+    repeat the last but for the clock, and the decoder then keeps the same objects). A
     full build at 5,000 nodes takes about 170 ms; walking every node to find what
     changed took a third of the leader's time. The result is the same as a full build
     (tested); when a node comes or goes, or a journal cannot say, it is one."""
@@ -110,22 +113,38 @@ def snapshot(cluster: ClusterView, state: RegionState) -> Snapshot:
     cached = state.memo.get("snapshot")
     snap = None
     if cached is not None:
-        old_ready, (old_heard, old_granted), kept = cached
+        old_ready, (old_heard, old_granted), kept, measured = cached
         heard = cluster.changes.since(old_heard)
         granted = state.node_changes.since(old_granted)
         if heard is not None and granted is not None:
             if old_ready is ready or kept.ids == [v.state.node_id for v in ready]:
                 index = kept.index
-                rows = {
-                    index[n]: node_info(cluster.nodes[n], state)
-                    for n in heard | granted
-                    if n in index
-                }
+                rows = {}
+                for n in heard | granted:
+                    i = index.get(n)
+                    if i is None:
+                        continue
+                    st = cluster.nodes[n].state
+                    now = _measured(st)
+                    if n not in granted and _same(now, measured[n]):
+                        continue
+                    measured[n] = now
+                    rows[i] = node_info(cluster.nodes[n], state)
                 snap = kept.with_rows(rows)
     if snap is None:
         snap = Snapshot([node_info(v, state) for v in ready])
-    state.memo["snapshot"] = (ready, marks, snap)
+        measured = {v.state.node_id: _measured(v.state) for v in ready}
+    state.memo["snapshot"] = (ready, marks, snap, measured)
     return snap
+
+
+def _measured(st: NodeState) -> tuple:
+    """What a node's row takes from its heartbeat, as the objects that hold it."""
+    return (st.capacity, st.simulated, st.zone, st.labels, st.gpus, st.cpu_percent)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return all(x is y for x, y in zip(a, b, strict=True))
 
 
 def shape_of(job: JobRecord, group: TaskGroup) -> Shape:

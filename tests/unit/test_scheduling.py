@@ -97,13 +97,14 @@ def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
         for _ in range(rnd.randint(0, 6)):  # new heartbeats: load and GPU use move
             st = cluster.nodes[rnd.choice(sorted(cluster.nodes))].state
             gpus = tuple(dataclasses.replace(g, utilization=rnd.randint(0, 100)) for g in st.gpus)
-            labels = {**st.labels, "rack": rnd.choice("xy")}  # labels move too, now and then
+            moved = {  # one thing at a time, or only the clock
+                "cpu_percent": rnd.uniform(0, 100),
+                "gpus": gpus,
+                "labels": {**st.labels, "rack": rnd.choice("xy")},
+            }
+            what = rnd.choice([*moved, "clock"])
             st = dataclasses.replace(
-                st,
-                seq=st.seq + 1,
-                cpu_percent=rnd.uniform(0, 100),
-                gpus=gpus,
-                labels=labels if rnd.random() < 0.5 else st.labels,
+                st, seq=st.seq + 1, **{k: moved[k] for k in moved if k == what}
             )
             cluster.observe(st, clock)
         cluster.sweep(clock)  # the silent go suspect (out of the snapshot) and come back
