@@ -317,6 +317,7 @@ class Leader:
         if not items:
             return []
         js = self.coord.js
+        loop = asyncio.get_running_loop()
         stream = subjects.assign_stream(self.coord.region)
         key = self.coord.signing_key
         futures: list[asyncio.Future | None] = []
@@ -330,23 +331,30 @@ class Leader:
                 # to 43 messages/s). The lease does not need the loop (LeaseThread).
                 await asyncio.sleep(0)
             try:
+                # No wait_stall: with one, nats-py waits for its semaphore through
+                # asyncio.wait_for, which yields to the loop on every message, free or
+                # not, and each yield waited out a placement round (a 5,000-node region
+                # sent 40 messages/s, assignments reaching nodes two minutes late). A
+                # full semaphore still waits, for acknowledgements or for the timers
+                # below to give up on them.
                 fut = await js.publish_async(
                     subjects.assign(self.coord.region, a.node_id),
                     encode(a),
-                    wait_stall=PUBLISH_TIMEOUT_S,
                     stream=stream,
                     headers={"Nats-Msg-Id": msg_id},
                 )
             except Exception as exc:
                 log.warning("assignment %s to %s not sent: %s", msg_id, a.node_id, exc)
                 fut = None
+            else:
+                loop.call_later(PUBLISH_TIMEOUT_S, fut.cancel)
             futures.append(fut)
         pending = [f for f in futures if f is not None]
         if pending:
             await asyncio.wait(pending, timeout=PUBLISH_TIMEOUT_S)
         sent = []
         for (_, msg_id), fut in zip(items, futures, strict=True):
-            ok = fut is not None and fut.done() and fut.exception() is None
+            ok = fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
             if fut is not None and not fut.done():
                 fut.cancel()
             if not ok:
