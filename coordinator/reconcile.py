@@ -289,8 +289,10 @@ def _place_waiting(
         d.pools = pool_view(state, capacity, now)
         state.memo["pool_view"] = (key, d.pools)
     # Nothing placed last time and nothing changed since (the state's epoch, ready
-    # capacity, the second): the same inputs would give the same answer, so skip it.
-    idle_key = (key, int(now))
+    # capacity, the last IDLE_S): the same inputs would give the same answer, so skip
+    # it. Time moves what heartbeats measured, parking and the starvation guard; a
+    # backlog that admission holds back (30,000 jobs) took a 1 s round every second.
+    idle_key = (key, int(now / IDLE_S))
     idle = state.memo.get("placement_idle")
     if idle is not None and idle[0] == idle_key:
         d.unplaced.update(idle[1])
@@ -322,6 +324,9 @@ def _place_waiting(
         d.events.append(TaskPlaced(t.job_id, p.task_id, t.attempt + 1, p.node_id, now, p.gpu_uuids))
     if not placed and covered >= rest:
         state.memo["placement_idle"] = (idle_key, dict(d.unplaced))
+
+
+IDLE_S = 5.0  # how long a round with nothing to place stands while nothing changes
 
 
 def _place_window(

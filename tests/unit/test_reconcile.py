@@ -877,6 +877,7 @@ def test_a_release_on_a_node_without_its_labels_leaves_a_job_parked(monkeypatch)
 
 def test_a_gang_about_to_hold_the_line_is_not_parked(monkeypatch):
     from coordinator.parking import MAX_PARK_S
+    from coordinator.reconcile import IDLE_S
     from coordinator.scheduling import PlacementConfig
 
     looked = spy_on_placement(monkeypatch)
@@ -890,7 +891,7 @@ def test_a_gang_about_to_hold_the_line_is_not_parked(monkeypatch):
     assert looked == [["gang"]]  # young: parked
     late = t0 + config.starve_after_s - MAX_PARK_S / 2
     reconcile(log.state, nodes, late, config)
-    reconcile(log.state, nodes, late + 1.0, config)  # (a round in the same second is idle)
+    reconcile(log.state, nodes, late + IDLE_S, config)  # (a round within IDLE_S is idle)
     assert looked[1:] == [["gang"], ["gang"]]  # about to hold the line: looked at each round
 
 
