@@ -141,20 +141,21 @@ def _lose_tasks_a_node_forgot(
         view = nodes.nodes.get(node_id)
         if view is None or view.status != READY or view.state.seq == 0:
             continue
-        live = view.live_tasks
-        for tid in sorted(state.node_tasks[node_id]):
+        live, ts, lost = view.live_tasks, view.state.ts, []
+        for tid in state.node_tasks[node_id]:  # tens of thousands a second: keep it lean
             t = state.tasks[tid]
             if t.state != TaskState.RUNNING or t.started_at is None:
                 continue
-            key = (tid, t.attempt)
-            if f"{tid}#{t.attempt}" in live or view.state.ts <= t.started_at:
-                missing.pop(key, None)
+            if f"{tid}#{t.attempt}" in live or ts <= t.started_at:
+                if missing:
+                    missing.pop((tid, t.attempt), None)
                 continue
-            since = missing.setdefault(key, view.state.ts)
-            if view.state.ts - since >= FORGOTTEN_AFTER_S:
+            key = (tid, t.attempt)
+            if ts - missing.setdefault(key, ts) >= FORGOTTEN_AFTER_S:
                 del missing[key]
-                why = f"has not reported it for {FORGOTTEN_AFTER_S:.0f}s (restarted without it?)"
-                d.events.append(_lost(state, tid, node_id, now, why))
+                lost.append(tid)
+        why = f"has not reported it for {FORGOTTEN_AFTER_S:.0f}s (restarted without it?)"
+        d.events.extend(_lost(state, tid, node_id, now, why) for tid in sorted(lost))
 
 
 def _lost(state: RegionState, tid: str, node_id: str, now: float, why: str) -> TaskUpdated:

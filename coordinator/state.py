@@ -473,5 +473,6 @@ class RegionState:
 
     def pending_jobs(self) -> list[JobRecord]:
         """Jobs with PENDING tasks, highest priority first, then oldest first."""
-        jobs = self.jobs
-        return [job for j in self.queue.values() if not (job := jobs[j]).kill_requested]
+        queue = self.queue  # its keys iterate in C; its values view does not
+        jobs = map(self.jobs.__getitem__, map(queue.__getitem__, queue.keys()))
+        return [job for job in jobs if not job.kill_requested]
