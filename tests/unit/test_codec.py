@@ -308,6 +308,9 @@ def test_round_trip(cls):
         assert back == msg  # dataclass equality also compares the types of nested events
         assert type(back) is cls
         assert encode(back) == data
+        # packb's default hook converts one dataclass at a time; the bytes must be those
+        # of the whole tree converted first (signatures are over encoded bytes).
+        assert data == msgpack.packb(to_wire(msg), use_bin_type=True)
 
     check()
 
@@ -341,6 +344,17 @@ def test_enum_travels_as_its_value():
         decode(TaskEvent, encode(TaskEvent("n", "j", "t", 0, TaskState.RUNNING))).state
         is TaskState.RUNNING
     )
+
+
+def test_what_msgpack_cannot_pack_is_converted_or_refused():
+    import enum
+
+    class Colour(enum.Enum):
+        RED = 1
+
+    assert msgpack.unpackb(codec.pack({"c": Colour.RED, "t": (1, 2)})) == {"c": 1, "t": [1, 2]}
+    with pytest.raises(TypeError, match="cannot encode a set"):
+        codec.pack({"s": {1, 2}})
 
 
 def test_decode_accepts_bytearray_and_memoryview():
