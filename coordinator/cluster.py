@@ -87,11 +87,8 @@ class ClusterView:
                 break  # every node after this one was heard from later still
             status = DOWN if age >= self.down_after else SUSPECT
             if status != view.status:
+                self._set_status(view, status)  # (does not reorder what is walked here)
                 changed.append(node_id)
-        for node_id in changed:
-            view = self.nodes[node_id]
-            age = now - view.last_seen
-            self._set_status(view, DOWN if age >= self.down_after else SUSPECT)
         return changed
 
     def ready(self) -> list[NodeView]:

@@ -7,8 +7,9 @@ nothing changes, so each rule here only needs to take one step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from coordinator.cluster import DOWN, READY, ClusterView, NodeView
 from coordinator.parking import park, parked
@@ -270,11 +271,7 @@ def _place_waiting(
     config: PlacementConfig,
     d: Decisions,
 ) -> None:
-    cached = state.memo.get("waiting")
-    if cached is None or cached[0] != state.queue_moves:
-        cached = (state.queue_moves, state.pending_jobs())  # not rebuilt while it stays
-        state.memo["waiting"] = cached
-    waiting: list[JobRecord] = cached[1]  # type: ignore[assignment]
+    waiting: list[JobRecord] = _memoised(state, "waiting", state.queue_moves, state.pending_jobs)
     if not waiting:
         return
     if not nodes.ready():
@@ -283,12 +280,7 @@ def _place_waiting(
     snap = snapshot(nodes, state)
     capacity = Resources(*(int(x) for x in snap.cap.sum(axis=0)))  # not a sum of 5,000 objects
     key = (state.epoch, capacity)
-    cached = state.memo.get("pool_view")
-    if cached is not None and cached[0] == key:
-        d.pools = cached[1]
-    else:
-        d.pools = pool_view(state, capacity, now)
-        state.memo["pool_view"] = (key, d.pools)
+    d.pools = _memoised(state, "pool_view", key, lambda: pool_view(state, capacity, now))
     # Nothing placed last time and nothing changed since (the state's epoch, ready
     # capacity, the last IDLE_S): the same inputs would give the same answer, so skip
     # it. Time moves what heartbeats measured, parking and the starvation guard; a
@@ -328,6 +320,14 @@ def _place_waiting(
 
 
 IDLE_S = 5.0  # how long a round with nothing to place stands while nothing changes
+
+
+def _memoised(state: RegionState, name: str, key: object, compute: Callable[[], Any]) -> Any:
+    """compute() once per `key`, kept in the state's memo under `name`."""
+    cached = state.memo.get(name)
+    if cached is None or cached[0] != key:
+        cached = state.memo[name] = (key, compute())
+    return cached[1]
 
 
 def _place_window(

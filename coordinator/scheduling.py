@@ -111,31 +111,38 @@ def snapshot(cluster: ClusterView, state: RegionState) -> Snapshot:
     ready = cluster.ready()
     marks = (cluster.changes.mark(), state.node_changes.mark())
     cached = state.memo.get("snapshot")
-    snap = None
-    if cached is not None:
-        old_ready, (old_heard, old_granted), kept, measured = cached
-        heard = cluster.changes.since(old_heard)
-        granted = state.node_changes.since(old_granted)
-        if heard is not None and granted is not None:
-            if old_ready is ready or kept.ids == [v.state.node_id for v in ready]:
-                index = kept.index
-                rows = {}
-                for n in heard | granted:
-                    i = index.get(n)
-                    if i is None:
-                        continue
-                    st = cluster.nodes[n].state
-                    now = _measured(st)
-                    if n not in granted and _same(now, measured[n]):
-                        continue
-                    measured[n] = now
-                    rows[i] = node_info(cluster.nodes[n], state)
-                snap = kept.with_rows(rows)
-    if snap is None:
+    rows = None if cached is None else _changed_rows(cluster, state, ready, cached)
+    if rows is None:
         snap = Snapshot([node_info(v, state) for v in ready])
         measured = {v.state.node_id: _measured(v.state) for v in ready}
+    else:
+        snap, measured = cached[2].with_rows(rows), cached[3]
     state.memo["snapshot"] = (ready, marks, snap, measured)
     return snap
+
+
+def _changed_rows(
+    cluster: ClusterView, state: RegionState, ready: list[NodeView], cached: tuple
+) -> dict[int, NodeInfo] | None:
+    """The rows of the kept snapshot to build again (updating what it kept of their
+    heartbeats), or None when only a full build will do."""
+    old_ready, (old_heard, old_granted), kept, measured = cached
+    heard = cluster.changes.since(old_heard)
+    granted = state.node_changes.since(old_granted)
+    if heard is None or granted is None:
+        return None
+    if old_ready is not ready and kept.ids != [v.state.node_id for v in ready]:
+        return None
+    rows = {}
+    for n in heard | granted:
+        i = kept.index.get(n)
+        if i is None:
+            continue
+        now = _measured(cluster.nodes[n].state)
+        if n in granted or not _same(now, measured[n]):
+            measured[n] = now
+            rows[i] = node_info(cluster.nodes[n], state)
+    return rows
 
 
 def _measured(st: NodeState) -> tuple:

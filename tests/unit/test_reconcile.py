@@ -83,6 +83,11 @@ class Log:
         self.place(tid, node)
         self.update(tid, S.RUNNING)
 
+    def occupy(self, job_id: str, node: str, **kw) -> None:
+        """A one-task job RUNNING on `node`, holding what it asked for there."""
+        self.submit(job_id, count=1, **kw)
+        self.run(f"{job_id}.w.0", node)
+
     def decide(self, nodes: ClusterView, now: float = NOW) -> Decisions:
         return reconcile(self.state, nodes, now)
 
@@ -473,8 +478,7 @@ def test_suspect_and_down_nodes_get_no_new_placements():
 
 def test_placement_counts_what_the_node_already_holds():
     log = Log()
-    log.submit("old", count=1, cpu="3")
-    log.run("old.w.0", "a")
+    log.occupy("old", "a", cpu="3")
     log.submit("new", count=1, cpu="2")
     d = log.decide(cluster(view("a", cpu=4000), view("b", cpu=8000)))
     # a has 1 core left: the 2-core task must go to b although a is the tighter node on paper
@@ -782,10 +786,8 @@ def test_a_job_that_fits_no_node_is_parked_until_something_could_make_room(monke
 
     looked = spy_on_placement(monkeypatch)
     log = Log()
-    log.submit("old", count=1, cpu="2")
-    log.run("old.w.0", "a")
-    log.submit("tiny", count=1, cpu="1")
-    log.run("tiny.w.0", "b")
+    log.occupy("old", "a", cpu="2")
+    log.occupy("tiny", "b", cpu="1")
     log.submit("wide", count=1, cpu="7")  # a: 6 of 8 cores free, b: 5 of 6
     nodes = cluster(view("a", cpu=8000), view("b", cpu=6000))
     d = log.step(nodes)
@@ -829,10 +831,8 @@ def test_a_gang_stays_parked_while_releases_cannot_give_it_all_its_tasks(monkeyp
 
     looked = spy_on_placement(monkeypatch)
     log = Log()
-    for name in ("x", "y"):
-        log.submit(name, count=1, cpu="1")
-    log.run("x.w.0", "a")
-    log.run("y.w.0", "b")
+    log.occupy("x", "a", cpu="1")
+    log.occupy("y", "b", cpu="1")
     log.submit("gang", count=3, memory="10Gi")  # 15 GiB free on a and on b: 2 slots
     nodes = cluster(view("a"), view("b"))
     t0 = log.state.jobs["gang"].pending_since + 1.0  # young: far from holding the line
@@ -854,10 +854,8 @@ def test_a_gang_stays_parked_while_releases_cannot_give_it_all_its_tasks(monkeyp
 def test_a_release_on_a_node_without_its_labels_leaves_a_job_parked(monkeypatch):
     looked = spy_on_placement(monkeypatch)
     log = Log()
-    log.submit("x", count=1, cpu="4")
-    log.run("x.w.0", "plain")
-    log.submit("y", count=1, cpu="4")
-    log.run("y.w.0", "racked")
+    log.occupy("x", "plain", cpu="4")
+    log.occupy("y", "racked", cpu="4")
     spec = job_spec("picky", count=1, cpu="6")
     spec["placement"] = {"labels": {"rack": "r1"}, "gang": False}  # room alone decides
     log.append(JobSubmitted("picky", "client-picky", spec, 1.0))
@@ -922,8 +920,7 @@ def test_a_job_kept_parked_would_not_fit(seed):
     nodes = cluster(*(view(f"n{i}", cpu=8000, memory=8 * GiB) for i in range(n)))
     small = [f"s{i}" for i in range(2 * n)]
     for i, j in enumerate(small):
-        log.submit(j, count=1, cpu="1", memory="3Gi")
-        log.run(f"{j}.w.0", f"n{i // 2}")
+        log.occupy(j, f"n{i // 2}", cpu="1", memory="3Gi")
     log.submit("big", count=rnd.randint(1, 2 * n // 3), cpu="1", memory="3Gi")
     if rnd.random() < 0.5:
         job = log.state.jobs["big"]
