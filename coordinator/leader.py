@@ -231,7 +231,7 @@ class Leader:
 
     def _run_assignment(self, t: TaskRecord, specs: dict | None = None) -> Assignment:
         """`specs`: TaskSpecs made so far in this send, so the runs of one group share one
-        object, which encoding and signing then convert once (see codec.to_wire)."""
+        object, which signing then converts once (see signing.batch_signed_bytes)."""
         g = t.group
         job = self.state.jobs[t.job_id]
         key = (id(g), job.spec.max_run_time_s, t.gpu_uuids)

@@ -64,36 +64,35 @@ def _field_names(cls: type) -> tuple[tuple[str, ...], str | None]:
     return names
 
 
-def to_wire(obj: Any, seen: dict[int, Any] | None = None) -> Any:
-    """Plain msgpack-able data: dataclasses become maps (tagged with `_t` when they are
-    members of a union), tuples lists, enums their values. With `seen`, a dataclass met
-    again (the same object, e.g. one TaskSpec shared by a batch's runs) is converted
-    once: `seen` maps id() to the result, valid while `obj` keeps its parts alive."""
+def _fields(obj: Any) -> dict[str, Any] | None:
+    """A dataclass as a map of its fields, one level deep (tagged with `_t` when it is a
+    member of a union); None for anything else."""
     cls = type(obj)
-    if cls in _PLAIN:
-        return obj
     if cls in _FIELD_NAMES or (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
-        if seen is not None:
-            hit = seen.get(id(obj))
-            if hit is not None:
-                return hit
         names, tag = _field_names(cls)
-        # Plain values (most fields) are taken as they are, without a call each.
-        out = {
-            name: v if type(v := getattr(obj, name)) in _PLAIN else to_wire(v, seen)
-            for name in names
-        }
+        out = {name: getattr(obj, name) for name in names}
         if tag is not None:
             out["_t"] = tag
-        if seen is not None:
-            seen[id(obj)] = out
         return out
-    if isinstance(obj, enum.Enum):
+    return None
+
+
+def to_wire(obj: Any) -> Any:
+    """Plain msgpack-able data, the whole tree: dataclasses become maps (`_fields`),
+    tuples lists, enums their values. Encoding does not need it (`pack` lets msgpack
+    walk the tree); signing and hand-built heartbeats do."""
+    if type(obj) in _PLAIN:
+        return obj
+    fields = _fields(obj)
+    if fields is not None:
+        obj = fields
+    elif isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, (list, tuple)):
-        return [x if type(x) in _PLAIN else to_wire(x, seen) for x in obj]
+        return [x if type(x) in _PLAIN else to_wire(x) for x in obj]
     if isinstance(obj, dict):
-        return {k: v if type(v) in _PLAIN else to_wire(v, seen) for k, v in obj.items()}
+        # Plain values (most of them) are taken as they are, without a call each.
+        return {k: v if type(v) in _PLAIN else to_wire(v) for k, v in obj.items()}
     return obj
 
 
@@ -102,20 +101,16 @@ _PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
 
 def _default(obj: Any) -> Any:
     """What msgpack cannot pack itself, one level at a time: a dataclass becomes a map of
-    its fields (tagged as in `to_wire`), an enum its value. Maps, lists, tuples and
-    plain values inside are packed in C and come back here only for the next dataclass,
-    so a log entry of 2,000 events is not rebuilt as Python dicts first. The bytes are
-    those of `packb(to_wire(obj))`: same maps in the same order (tested)."""
-    cls = type(obj)
-    if cls in _FIELD_NAMES or (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
-        names, tag = _field_names(cls)
-        out = {name: getattr(obj, name) for name in names}
-        if tag is not None:
-            out["_t"] = tag
-        return out
+    its fields, an enum its value. Maps, lists, tuples and plain values inside are
+    packed in C and come back here only for the next dataclass, so a log entry of 2,000
+    events is not rebuilt as Python dicts first. The bytes are those of
+    `packb(to_wire(obj))`: same maps in the same order (tested)."""
+    fields = _fields(obj)
+    if fields is not None:
+        return fields
     if isinstance(obj, enum.Enum):
         return obj.value
-    raise TypeError(f"cannot encode a {cls.__name__}")
+    raise TypeError(f"cannot encode a {type(obj).__name__}")
 
 
 def pack(obj: Any) -> bytes:
