@@ -174,6 +174,7 @@ class LogCount:
         self.last_placed = 0.0
         self.last_running = 0.0
         self.placed_at: dict[str, list[float]] = {}  # job -> times its tasks were placed
+        self.logged_at: dict[str, float] = {}  # job -> when its JobSubmitted was seen
         self.running_at: list[float] = []
         self.elections = 0  # LeaderElected entries seen (the first one included)
 
@@ -184,7 +185,9 @@ class LogCount:
         except WireError:
             return
         for ev in entry.events:
-            if isinstance(ev, TaskPlaced):
+            if isinstance(ev, JobSubmitted):
+                self.logged_at[ev.job_id] = now
+            elif isinstance(ev, TaskPlaced):
                 self.placed += 1
                 self.first_placed = self.first_placed or now
                 self.last_placed = now
@@ -454,18 +457,25 @@ async def steady_latency(args: argparse.Namespace, region: Region) -> dict:
         pending[job_id] = (t, size)
         await asyncio.sleep(1.0 / args.latency_rate)
     await asyncio.sleep(3.0)
-    lat = []
+    lat, logged, placing = [], [], []
     for job_id, (t, size) in pending.items():
         at = c.placed_at.get(job_id, [])
         if len(at) >= size:
             lat.append(max(at[:size]) - t)
+            if job_id in c.logged_at:
+                logged.append(c.logged_at[job_id] - t)
+                placing.append(max(at[:size]) - c.logged_at[job_id])
     s = summary_ms(lat)
     occupancy = used / cores if cores else 0.0
     print(f"latency at {occupancy:.0%} of cores allocated: submit -> all placed {s}")
+    print(f"  of which submit -> on the log {summary_ms(logged)}")
+    print(f"  and on the log -> all placed {summary_ms(placing)}")
     return {
         "jobs": len(pending),
         "placed": len(lat),
         "submit_to_placed_ms": s,
+        "submit_to_logged_ms": summary_ms(logged),
+        "logged_to_placed_ms": summary_ms(placing),
         "rate_jobs_per_s": args.latency_rate,
         "cpu_occupancy": round(occupancy, 3),
     }
