@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.cluster import DOWN, READY, ClusterView, NodeView
-from coordinator.parking import park, parked
+from coordinator.parking import gang_due, park, parked
 from coordinator.placement import Placement, Snapshot
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
 from coordinator.scheduling import PlacementConfig, place_jobs, snapshot, window
@@ -137,7 +137,9 @@ def _lose_tasks_a_node_forgot(
         del missing[key]
     heard = nodes.changes.since(state.memo.get("forgot_mark"))
     state.memo["forgot_mark"] = nodes.changes.mark()
-    looked = state.node_tasks.keys() if heard is None else heard.intersection(state.node_tasks)
+    tasks_of = state.node_tasks
+    # (set.intersection(dict) would walk the dict: every node, every round)
+    looked = tasks_of.keys() if heard is None else [n for n in heard if n in tasks_of]
     for node_id in sorted(looked):
         view = nodes.nodes.get(node_id)
         if view is None or view.status != READY or view.state.seq == 0:
@@ -271,21 +273,21 @@ def _place_waiting(
     config: PlacementConfig,
     d: Decisions,
 ) -> None:
-    waiting: list[JobRecord] = _memoised(state, "waiting", state.queue_moves, state.pending_jobs)
-    if not waiting:
+    if not state.queue:
         return
     if not nodes.ready():
-        d.unplaced.update({job.job_id: "no ready nodes" for job in waiting})
+        d.unplaced.update({job.job_id: "no ready nodes" for job in state.pending_jobs()})
         return
     snap = snapshot(nodes, state)
     capacity = Resources(*(int(x) for x in snap.cap.sum(axis=0)))  # not a sum of 5,000 objects
     key = (state.epoch, capacity)
     d.pools = _memoised(state, "pool_view", key, lambda: pool_view(state, capacity, now))
     # Nothing placed last time and nothing changed since (the state's epoch, ready
-    # capacity, the last IDLE_S): the same inputs would give the same answer, so skip
-    # it. Time moves what heartbeats measured, parking and the starvation guard; a
-    # backlog that admission holds back (30,000 jobs) took a 1 s round every second.
-    idle_key = (key, int(now / IDLE_S))
+    # capacity, the last IDLE_S, no parked gang come to hold the line): the same inputs
+    # would give the same answer, so skip it. Time moves what heartbeats measured and
+    # the starvation guard; a backlog that admission holds back (30,000 jobs) took a 1 s
+    # round every second.
+    idle_key = (key, int(now / IDLE_S), gang_due(state, now))
     idle = state.memo.get("placement_idle")
     if idle is not None and idle[0] == idle_key:
         d.unplaced.update(idle[1])
@@ -296,9 +298,8 @@ def _place_waiting(
     # looked at, or `windows_per_round` windows were; only a whole queue with nothing
     # placed makes the round idle. (Else a 100,000-job queue took a window per wake-up.)
     parking = parked(state, snap, now)
-    if parking.why:
-        waiting = [j for j in waiting if j.job_id not in parking.why]
-        d.unplaced.update(parking.why)
+    d.unplaced.update(parking.why)
+    waiting = list(map(state.jobs.__getitem__, parking.looking.values()))
     cursor = state.memo.get("window_cursor", 0)
     rest = len(waiting) - config.window_jobs  # the rotating part: the head is in each
     covered = 0

@@ -193,7 +193,7 @@ class RegionState:
         # STARTING -> RUNNING), which is most of a busy region's log. Rounds key their
         # memos on it, not on last_seq.
         self.epoch = 0
-        self.queue_moves = 0  # jobs joined or left the queue, or were killed in it
+        self.queue_changes = Changes()  # jobs that joined or left the queue, or were killed in it
         self.term = 0
         self.leader_id = ""
         self.jobs: dict[str, JobRecord] = {}
@@ -258,7 +258,7 @@ class RegionState:
             if job is not None and not job.kill_requested:
                 _add_to(self.pool_pending, job.spec.pool, job.pending_resources, -1)
                 job.kill_requested = True
-                self.queue_moves += 1
+                self.queue_changes.add(job.job_id)
                 job.kill_reason = ev.reason
                 self._track_killing(job)
                 self._recount(job)  # a failed task with retries left no longer reruns
@@ -453,13 +453,13 @@ class RegionState:
         elif job.job_id in self.waiting:
             self.waiting.discard(job.job_id)
             del self.queue[job.order]
-            self.queue_moves += 1
+            self.queue_changes.add(job.job_id)
 
     def _wait(self, job: JobRecord) -> None:
         if job.job_id not in self.waiting:
             self.waiting.add(job.job_id)
             self.queue[job.order] = job.job_id
-            self.queue_moves += 1
+            self.queue_changes.add(job.job_id)
 
     def _history(self, task: TaskRecord, ts: float, message: str) -> None:
         task.history.append((ts, task.attempt, str(task.state), task.node_id, message))

@@ -5,6 +5,11 @@ log says is allocated. Node-level quantities are an (N, 5) int64 array in
 `Resources.KINDS` order; GPUs are an (N, G) table padded to the largest GPU count, so a
 plugin can look at any subset of nodes with one gather. Plugins never mutate it: the
 core works on copies of the `free` arrays (`Working`).
+
+Snapshots made from one another by `with_rows` share a journal of the rows they
+replaced (`row_changes`, with each snapshot's `mark` in it): whoever derived something
+from an earlier snapshot of the line can bring it up to date by those rows alone
+(parking does). A snapshot built whole starts a new journal.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from coordinator.changes import Changes
 from workloads.resources import Resources
 
 KINDS = Resources.KINDS
@@ -114,6 +120,8 @@ class Snapshot:
                 self.g_util[i, j] = min(max(s.utilization, 0), 100) / 100.0
                 self.g_level[i, j] = ISOLATION_LEVEL.get(s.enforcement, 0)
         self._label_masks: dict[tuple[str, str], np.ndarray] = {}
+        self.row_changes = Changes()
+        self.mark = self.row_changes.mark()
 
     def with_rows(self, rows: Mapping[int, NodeInfo]) -> Snapshot:
         """This snapshot with the nodes at `rows` replaced: what a new round needs when only
@@ -157,6 +165,12 @@ class Snapshot:
             getattr(new, name)[idx, :w] = getattr(part, name)
         for k, i in enumerate(idx):
             new.g_uuid[i] = part.g_uuid[k]
+        # The line goes on only from its newest snapshot: one made from an older one
+        # differs from the newest in rows the journal does not name after its mark.
+        journal = self.row_changes if self.mark == self.row_changes.mark() else Changes()
+        for i in rows:
+            journal.add(i)
+        new.row_changes, new.mark = journal, journal.mark()
         return new
 
     def __len__(self) -> int:

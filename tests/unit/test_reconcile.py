@@ -780,10 +780,8 @@ def spy_on_placement(monkeypatch) -> list[list[str]]:
 def test_a_job_that_fits_no_node_is_parked_until_something_could_make_room(monkeypatch):
     """A job that fits no node is not placed again by every round (each new job made the
     whole backlog be re-placed): it is passed over, still saying why, until a node whose
-    grants moved has room for one of its tasks, the ready nodes change, or its parking
-    ran out."""
-    from coordinator.parking import MAX_PARK_S
-
+    row changed (grants or what it measured) has room for one of its tasks, or the
+    ready nodes change. Time alone, or a heartbeat that measured the same, lets it be."""
     looked = spy_on_placement(monkeypatch)
     log = Log()
     log.occupy("old", "a", cpu="2")
@@ -798,37 +796,34 @@ def test_a_job_that_fits_no_node_is_parked_until_something_could_make_room(monke
     assert [p[0] for p in placements(d)] == ["small.w.0"]
     assert looked[-1] == ["small"]  # "wide" was not looked at again
     assert "fits no node" in d.unplaced["wide"]  # and still says why
-    d = log.step(nodes, NOW + 0.2)
-    assert placements(d) == [] and "fits no node" in d.unplaced["wide"]
-    # Once its parking ran out: looked at again (a heartbeat may have changed what fits).
+    b = nodes.nodes["b"].state
+    nodes.observe(dataclasses.replace(b, seq=2, ts=1.0), HEARD + 1)  # nothing new measured
     n = len(looked)
-    log.step(nodes, NOW + 0.2 + MAX_PARK_S)
-    assert looked[n:] == [["wide"]]
+    d = log.step(nodes, NOW + 600)
+    assert looked[n:] == [] and "fits no node" in d.unplaced["wide"]
     # A release where 7 cores cannot be free (b has 6): not looked at.
     log.update("tiny.w.0", S.SUCCEEDED)
-    n = len(looked)
-    d = log.step(nodes, NOW + 0.3 + MAX_PARK_S)
+    d = log.step(nodes, NOW + 601)
     assert looked[n:] == [] and "fits no node" in d.unplaced["wide"]
-    # A release that leaves a with room for it: looked at, and placed there.
-    log.update("old.w.0", S.SUCCEEDED)
-    d = log.step(nodes, NOW + 0.4 + MAX_PARK_S)
-    assert placements(d) == [("wide.w.0", "a", 1)]
+    # b's heartbeat measures 8 cores (its agent restarted bigger): placed there.
+    bigger = dataclasses.replace(b, seq=3, ts=2.0, capacity=Resources(cpu=8000, memory=16 * GiB))
+    nodes.observe(bigger, HEARD + 2)
+    d = log.step(nodes, NOW + 602)
+    assert placements(d) == [("wide.w.0", "b", 1)]
     # New ready nodes: a parked job is looked at, and placed on the node it fits.
     log.submit("wider", count=1, memory="20Gi")  # 16 GiB per node
-    d = log.step(nodes, NOW + 0.5 + MAX_PARK_S)
+    d = log.step(nodes, NOW + 603)
     assert placements(d) == [] and "fits no node" in d.unplaced["wider"]
     n = len(looked)
-    assert log.step(nodes, NOW + 0.6 + MAX_PARK_S).events == [] and looked[n:] == []  # parked
-    nodes.observe(view("c", memory=32 * GiB).state, HEARD)
-    d = log.step(nodes, NOW + 0.7 + MAX_PARK_S)
+    assert log.step(nodes, NOW + 604).events == [] and looked[n:] == []  # parked
+    nodes.observe(view("c", memory=32 * GiB).state, HEARD + 3)
+    d = log.step(nodes, NOW + 605)
     assert placements(d) == [("wider.w.0", "c", 1)]
 
 
 def test_a_gang_stays_parked_while_releases_cannot_give_it_all_its_tasks(monkeypatch):
     """A release that leaves room for one task of a gang, but not for all of them across
     the ready nodes, does not make it fit: the gang stays parked."""
-    from coordinator.parking import PARK_S
-
     looked = spy_on_placement(monkeypatch)
     log = Log()
     log.occupy("x", "a", cpu="1")
@@ -848,7 +843,6 @@ def test_a_gang_stays_parked_while_releases_cannot_give_it_all_its_tasks(monkeyp
     nodes.observe(view("c").state, HEARD)  # a third slot: looked at, placed
     d = log.step(nodes, t0 + 0.3)
     assert looked[-1] == ["gang"] and len(placements(d)) == 3
-    assert 0.3 < PARK_S  # all of it before the parking ran out
 
 
 def test_a_release_on_a_node_without_its_labels_leaves_a_job_parked(monkeypatch):
@@ -873,8 +867,7 @@ def test_a_release_on_a_node_without_its_labels_leaves_a_job_parked(monkeypatch)
     assert placements(d) == [("picky.w.0", "racked", 1)]
 
 
-def test_a_gang_about_to_hold_the_line_is_not_parked(monkeypatch):
-    from coordinator.parking import MAX_PARK_S
+def test_a_gang_is_parked_only_until_it_would_hold_the_line(monkeypatch):
     from coordinator.reconcile import IDLE_S
     from coordinator.scheduling import PlacementConfig
 
@@ -886,11 +879,12 @@ def test_a_gang_about_to_hold_the_line_is_not_parked(monkeypatch):
     t0 = log.state.jobs["gang"].pending_since
     reconcile(log.state, nodes, t0 + 1.0, config)
     reconcile(log.state, nodes, t0 + 1.1, config)
+    reconcile(log.state, nodes, t0 + config.starve_after_s - 0.1, config)
     assert looked == [["gang"]]  # young: parked
-    late = t0 + config.starve_after_s - MAX_PARK_S / 2
+    late = t0 + config.starve_after_s
     reconcile(log.state, nodes, late, config)
     reconcile(log.state, nodes, late + IDLE_S, config)  # (a round within IDLE_S is idle)
-    assert looked[1:] == [["gang"], ["gang"]]  # about to hold the line: looked at each round
+    assert looked[1:] == [["gang"], ["gang"]]  # holding the line: looked at each round
 
 
 def test_still_placed_keeps_only_placements_the_state_has_at_that_attempt():
@@ -940,3 +934,52 @@ def test_a_job_kept_parked_would_not_fit(seed):
             result = place_jobs(log.state, nodes, [log.state.jobs["big"]], t0, PlacementConfig())
             assert not [x for x in result.placed if x.job_id == "big"]
         log.step(nodes, t0)
+
+
+@settings(max_examples=100, database=None, deadline=None, derandomize=True)
+@given(st.integers(0, 2**32 - 1))
+def test_parking_keeps_exactly_the_waiting_jobs_it_does_not_hold(seed):
+    """Rounds look at parking's list of jobs, kept from the fold's journal of queue
+    moves instead of a walk of the queue: after any mix of submits that fit or not,
+    placements, ends, kills and gangs reaching the line, it is the waiting jobs not being
+    killed and not parked, in queue order, and only waiting jobs stay parked."""
+    from coordinator.parking import parked
+    from coordinator.scheduling import snapshot
+
+    rnd = random.Random(seed)
+    log = Log()
+    nodes = cluster(view("a", cpu=4000), view("b", cpu=4000))
+    now = NOW
+    for i in range(40):
+        roll = rnd.random()
+        if roll < 0.4:
+            cpu = rnd.choice(["1", "2", "6"])  # 6 cores fit no node
+            log.submit(f"j{i}", count=rnd.randint(1, 2), cpu=cpu, priority=rnd.randint(0, 2))
+        elif roll < 0.55:
+            queued = sorted(log.state.waiting)
+            if queued:
+                log.append(JobKillRequested(rnd.choice(queued), 2.0, "test"))
+        elif roll < 0.75:
+            holding = sorted(t for t, r in log.state.tasks.items() if r.state in HOLDING)
+            if holding:
+                log.update(rnd.choice(holding), rnd.choice([S.RUNNING, S.SUCCEEDED]))
+        now += rnd.choice([0.01, 0.1, 40.0])  # 40 s: gangs reach the line
+        log.step(nodes, now)
+        p = parked(log.state, snapshot(nodes, log.state), now)
+        waiting = [j.job_id for j in log.state.pending_jobs()]
+        assert list(p.looking.values()) == [j for j in waiting if j not in p.why]
+        assert set(p.why) <= set(waiting)
+
+
+def test_a_parked_job_that_is_killed_no_longer_says_why_it_waits():
+    log = Log()
+    log.submit("wide", count=1, cpu="6")
+    log.submit("wider", count=1, cpu="7")
+    nodes = cluster(view("a", cpu=4000), view("b", cpu=4000))
+    d = log.step(nodes)
+    assert "fits no node" in d.unplaced["wide"] and "fits no node" in d.unplaced["wider"]
+    log.append(JobKillRequested("wide", 2.0, "not needed"))
+    d = log.step(nodes, NOW + 0.1)  # its task is killed
+    assert updates(d) == [("wide.w.0", S.KILLED)] and "wide" not in d.unplaced
+    d = log.step(nodes, NOW + 0.2)
+    assert "wide" not in d.unplaced and "fits no node" in d.unplaced["wider"]

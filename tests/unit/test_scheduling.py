@@ -88,7 +88,7 @@ def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
     }
     state.apply(1, LogEntry(1, "c", (JobSubmitted("j", "c1", spec, 0.0),)))
     state.apply(2, LogEntry(1, "c", (JobSubmitted("g", "c2", gpu_spec, 0.0),)))
-    seq, placed = 2, 0
+    seq, placed, known = 2, 0, 0
     for _ in range(10):
         before = snapshot(cluster, state)  # the kept one, updated below
         for label in LABELS:  # masks asked for, so the next snapshot carries them over
@@ -131,3 +131,34 @@ def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
             assert np.array_equal(getattr(kept, name), getattr(fresh, name)), name
         for label in LABELS:
             assert np.array_equal(kept.label_mask(*label), fresh.label_mask(*label)), label
+        # The journal of rows (parking reads it): every row that changed since the
+        # earlier snapshot is named; or it says it does not know.
+        rows = kept.row_changes.since(before.mark)
+        if rows is not None:
+            known += 1
+            assert kept.ids == before.ids
+            for i in set(range(len(kept))) - rows:
+                assert kept.nodes[i] == before.nodes[i]
+                for name in arrays:
+                    assert np.array_equal(getattr(kept, name)[i], getattr(before, name)[i])
+    assert known > 0
+
+
+def test_a_snapshot_made_from_an_older_one_starts_a_new_line():
+    """Only the newest snapshot of a line goes on with its journal: one made from an
+    older one differs from the newest in rows the journal never named after its mark."""
+    from coordinator.placement.snapshot import NodeInfo, Snapshot
+    from workloads.resources import Resources
+
+    def node(name, cpu):
+        return NodeInfo(name, Resources(cpu=cpu, memory=1 << 30))
+
+    s0 = Snapshot([node("a", 1000), node("b", 1000)])
+    s1 = s0.with_rows({0: node("a", 2000)})
+    assert s1.row_changes.since(s0.mark) == {0}
+    s2 = s1.with_rows({1: node("b", 3000)})
+    assert s2.row_changes.since(s0.mark) == {0, 1} and s2.row_changes.since(s1.mark) == {1}
+    branch = s1.with_rows({0: node("a", 4000)})  # from s1, not the newest (s2)
+    assert branch.row_changes.since(s2.mark) is None
+    assert branch.row_changes.since(s1.mark) is None
+    assert s0.with_rows({}) is s0

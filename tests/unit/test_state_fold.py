@@ -678,13 +678,15 @@ def run_sequence(numbers: list[int], record=note) -> None:
         seq += 1 + tape.below(3)
         record(f"apply({seq}, term={term}): {events}")
         epoch, inputs = s.epoch, placement_inputs(s)
-        moves, queue = s.queue_moves, [j.job_id for j in s.pending_jobs()]
+        mark, queue = s.queue_changes.mark(), {j.job_id for j in s.pending_jobs()}
         assert s.apply(seq, LogEntry(term, "c", events)) is True
         assert s.epoch >= epoch
         if s.epoch == epoch:  # rounds skip work on this: nothing they read may have moved
             assert placement_inputs(s) == inputs
-        if s.queue_moves == moves:  # rounds keep the waiting list while this stays
-            assert [j.job_id for j in s.pending_jobs()] == queue
+        # Rounds keep their list of waiting jobs from this journal: every job that
+        # joined or left it (or was killed in it) must be named.
+        moved = s.queue_changes.since(mark)
+        assert moved is not None and {j.job_id for j in s.pending_jobs()} ^ queue <= moved
         assert s.last_seq == seq
         assert s.ignored >= ignored
         ignored = s.ignored
