@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.changes import Mark
 from coordinator.cluster import DOWN, READY, ClusterView, NodeView
 from coordinator.parking import gang_due, park, parked
 from coordinator.placement import Placement, Snapshot
@@ -213,27 +214,52 @@ def _kill_requested_jobs(state: RegionState, now: float, d: Decisions) -> None:
                 )
 
 
+@dataclass(slots=True)
+class _StaleCopies:
+    heard: Mark  # where the cluster's journal of heartbeats stood
+    granted: Mark  # where the fold's journal of grants stood
+    found: dict[str, list[Kill]] = field(default_factory=dict)  # node -> kills it needs
+    lists: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node -> tasks looked at
+    moved: set[str] = field(default_factory=set)  # nodes whose grants moved since
+
+
 def _kill_stale_copies(state: RegionState, nodes: ClusterView, d: Decisions) -> None:
     """A node that reports a task attempt it should not be running (it was declared
     LOST and rescheduled while the node was away) must stop it: never run both.
 
     Looked at once per heartbeat (the cluster's journal), not every round: a region's
     nodes report tens of thousands of tasks, and rounds follow each other while events
-    flow. The kills found stand (and are sent again, as the shell decides) until the
-    node's next heartbeat; a copy made stale between heartbeats is found at the next."""
+    flow. A heartbeat listing the same tasks as the last one looked at (the decoder
+    keeps the same tuple) is passed over unless the node's grants moved since: a copy
+    only becomes stale when its attempt leaves the node, which gives back its grant.
+    The kills found stand (and are sent again, as the shell decides) until the node's
+    next heartbeat; a copy made stale between heartbeats is found at the next."""
     memo = state.memo.get("stale")
-    heard = nodes.changes.since(memo[0] if memo is not None else None)
-    found: dict[str, list[Kill]] = {} if heard is None or memo is None else memo[1]
-    state.memo["stale"] = (nodes.changes.mark(), found)
-    for node_id in nodes.nodes if heard is None else heard:
-        found.pop(node_id, None)
+    marks = nodes.changes.mark(), state.node_changes.mark()
+    heard = None if memo is None else nodes.changes.since(memo.heard)
+    granted = None if memo is None else state.node_changes.since(memo.granted)
+    if memo is None or heard is None or granted is None:
+        memo = state.memo["stale"] = _StaleCopies(*marks)
+        heard = set(nodes.nodes)
+    else:
+        memo.heard, memo.granted = marks
+        memo.moved |= granted
+    for node_id in heard:
         view = nodes.nodes[node_id]
-        if view.status != DOWN:
+        listed = view.state.tasks
+        if view.status == DOWN:
+            memo.found.pop(node_id, None)
+            memo.lists.pop(node_id, None)
+        elif memo.lists.get(node_id) is not listed or node_id in memo.moved:
+            memo.lists[node_id] = listed
+            memo.moved.discard(node_id)
             kills = _stale_on(state, view)
             if kills:
-                found[node_id] = kills
-    for node_id in sorted(found):
-        d.kills.extend(found[node_id])
+                memo.found[node_id] = kills
+            else:
+                memo.found.pop(node_id, None)
+    for node_id in sorted(memo.found):
+        d.kills.extend(memo.found[node_id])
 
 
 def _stale_on(state: RegionState, view: NodeView) -> list[Kill]:
@@ -279,7 +305,7 @@ def _place_waiting(
         d.unplaced.update({job.job_id: "no ready nodes" for job in state.pending_jobs()})
         return
     snap = snapshot(nodes, state)
-    capacity = Resources(*(int(x) for x in snap.cap.sum(axis=0)))  # not a sum of 5,000 objects
+    capacity = Resources(*(int(x) for x in snap.cap_total))  # kept by the snapshot
     key = (state.epoch, capacity)
     d.pools = _memoised(state, "pool_view", key, lambda: pool_view(state, capacity, now))
     # Nothing placed last time and nothing changed since (the state's epoch, ready

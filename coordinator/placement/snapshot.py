@@ -88,6 +88,7 @@ class Snapshot:
         self.cap = np.array([_row(x.capacity) for x in self.nodes], dtype=np.int64).reshape(n, 5)
         alloc = np.array([_row(x.allocated) for x in self.nodes], dtype=np.int64).reshape(n, 5)
         self.free = self.cap - alloc
+        self.cap_total = self.cap.sum(axis=0)  # the nodes' capacity summed, per kind
         # Per node, 1/capacity of each kind it has (0 where it has none) and 1/#kinds:
         # what the binpack score multiplies by, computed once.
         self.inv_cap = np.divide(1.0, self.cap, out=np.zeros((n, 5)), where=self.cap > 0)
@@ -155,6 +156,7 @@ class Snapshot:
             mask = mask.copy()
             mask[idx] = [_has_label(rows[i], key, value) for i in idx]
             new._label_masks[(key, value)] = mask
+        new.cap_total = self.cap_total - self.cap[idx].sum(axis=0) + part.cap_total
         for name in _ROW_ARRAYS:
             setattr(new, name, getattr(self, name).copy())
         for name in ("cap", "free", "inv_cap", "inv_kinds", "simulated", "load", "gpu_count"):

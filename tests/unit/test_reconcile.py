@@ -983,3 +983,29 @@ def test_a_parked_job_that_is_killed_no_longer_says_why_it_waits():
     assert updates(d) == [("wide.w.0", S.KILLED)] and "wide" not in d.unplaced
     d = log.step(nodes, NOW + 0.2)
     assert "wide" not in d.unplaced and "fits no node" in d.unplaced["wider"]
+
+
+def test_a_copy_made_stale_under_an_unchanged_heartbeat_is_still_killed(monkeypatch):
+    """Heartbeats that list the same tasks as the last one looked at (the decoder keeps
+    the same tuple) are passed over, unless the node's grants moved: then what it lists
+    may have become stale, though the list did not change."""
+    import coordinator.reconcile as rec
+
+    calls = []
+    real = rec._stale_on
+    spy = lambda state, v: calls.append(v.node_id) or real(state, v)  # noqa: E731
+    monkeypatch.setattr(rec, "_stale_on", spy)
+    log = Log()
+    log.submit("j", count=1)
+    log.run("j.w.0", "n1")
+    nodes = cluster(view("n1", tasks=("j.w.0#1",)), view("n2"))
+    assert log.decide(nodes).kills == [] and sorted(calls) == ["n1", "n2"]
+    listed = nodes.nodes["n1"].state
+    nodes.observe(dataclasses.replace(listed, seq=2, ts=1.0), HEARD + 1)  # same tasks
+    assert log.decide(nodes, NOW + 1).kills == [] and sorted(calls) == ["n1", "n2"]
+    log.update("j.w.0", S.LOST)  # n1 went quiet a while; its task runs again on n2
+    log.update("j.w.0", S.PENDING)
+    log.run("j.w.0", "n2")
+    nodes.observe(dataclasses.replace(listed, seq=3, ts=2.0), HEARD + 2)  # still listed
+    d = log.decide(nodes, NOW + 2)
+    assert [(k.node_id, k.task_id, k.attempt) for k in d.kills] == [("n1", "j.w.0", 1)]
