@@ -325,14 +325,16 @@ def _place_waiting(
     # placed makes the round idle. (Else a 100,000-job queue took a window per wake-up.)
     parking = parked(state, snap, now)
     d.unplaced.update(parking.why)
-    waiting = list(map(state.jobs.__getitem__, parking.looking.values()))
+    looking = parking.looking  # (its keys iterate in C, its values view does not)
+    waiting = list(map(looking.__getitem__, looking.keys()))  # ids: jobs for windows only
     cursor = state.memo.get("window_cursor", 0)
     rest = len(waiting) - config.window_jobs  # the rotating part: the head is in each
     covered = 0
     placed: tuple[Placement, ...] = ()
     for _ in range(config.windows_per_round if waiting else 0):
-        looked, cursor = window(waiting, cursor, config.window_jobs)
-        covered = len(waiting) if len(looked) == len(waiting) else covered + config.window_jobs
+        ids, cursor = window(waiting, cursor, config.window_jobs)
+        covered = len(waiting) if len(ids) == len(waiting) else covered + config.window_jobs
+        looked = list(map(state.jobs.__getitem__, ids))
         why, placed, misfits = _place_window(state, nodes, snap, looked, d.pools, now, config)
         d.unplaced.update(why)
         park(parking, misfits, state, now, config, why)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from coordinator.cluster import ClusterView, NodeView
 from coordinator.placement import (
@@ -26,6 +27,8 @@ from coordinator.state import HOLDING, JobRecord, RegionState
 from mesh.schema import NodeState
 from workloads.lifecycle import TaskState
 from workloads.spec import TaskGroup
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +57,7 @@ class PlacementConfig:
             )
 
 
-def window(jobs: list[JobRecord], cursor: int, size: int) -> tuple[list[JobRecord], int]:
+def window(jobs: list[T], cursor: int, size: int) -> tuple[list[T], int]:
     """The jobs one round looks at: the head of the queue, and `size` more from `cursor`
     on (wrapping), so a long queue costs a bounded round and every job is looked at
     within len(jobs)/size rounds, whatever sits at the head. Returns the next cursor."""
