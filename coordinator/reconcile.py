@@ -7,9 +7,8 @@ nothing changes, so each rule here only needs to take one step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from coordinator.changes import Mark
 from coordinator.cluster import DOWN, READY, ClusterView, NodeView
@@ -307,7 +306,10 @@ def _place_waiting(
     snap = snapshot(nodes, state)
     capacity = Resources(*(int(x) for x in snap.cap_total))  # kept by the snapshot
     key = (state.epoch, capacity)
-    d.pools = _memoised(state, "pool_view", key, lambda: pool_view(state, capacity, now))
+    pools = state.memo.get("pool_view")
+    if pools is None or pools[0] != key:
+        pools = state.memo["pool_view"] = (key, pool_view(state, capacity, now))
+    d.pools = pools[1]
     # Nothing placed last time and nothing changed since (the state's epoch, ready
     # capacity, the last IDLE_S, no parked gang come to hold the line): the same inputs
     # would give the same answer, so skip it. Time moves what heartbeats measured and
@@ -349,14 +351,6 @@ def _place_waiting(
 
 
 IDLE_S = 5.0  # how long a round with nothing to place stands while nothing changes
-
-
-def _memoised(state: RegionState, name: str, key: object, compute: Callable[[], Any]) -> Any:
-    """compute() once per `key`, kept in the state's memo under `name`."""
-    cached = state.memo.get(name)
-    if cached is None or cached[0] != key:
-        cached = state.memo[name] = (key, compute())
-    return cached[1]
 
 
 def _place_window(
