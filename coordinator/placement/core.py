@@ -139,7 +139,7 @@ class Placer:
 
     def _refresh(self, arr: _ShapeArrays, idx, shape: Shape) -> None:
         ok, values = arr.dynamic.run(self.w, idx, shape)
-        ok &= arr.static_ok[idx]
+        ok = ok & arr.static_ok[idx]  # (a filter may hand back a view)
         arr.total[idx] = np.where(ok, values + arr.static_score[idx], -np.inf)
 
     def _arrays(self, shape: Shape) -> np.ndarray:

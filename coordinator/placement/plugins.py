@@ -287,15 +287,17 @@ class Pipeline:
     scores: tuple[tuple[float, Callable[[Working, Index, Shape], np.ndarray]], ...]
 
     def run(self, w: Working, idx: Index, shape: Shape) -> tuple[np.ndarray, np.ndarray]:
-        """(ok, score) over nodes `idx`."""
-        n = w.free[idx].shape[0]
-        ok = np.ones(n, dtype=bool)
-        for f in self.filters:
-            ok &= f(w, idx, shape)
-        total = np.zeros(n)
+        """(ok, score) over nodes `idx`. Called per node a placement changed, so it makes
+        no array it does not need (a filter's result may be a view: never changed)."""
+        first, *rest = self.filters  # each half has one that always applies
+        ok = first(w, idx, shape)
+        for f in rest:
+            ok = ok & f(w, idx, shape)
+        total = None
         for weight, fn in self.scores:
-            total += weight * fn(w, idx, shape)
-        return ok, total
+            term = weight * fn(w, idx, shape)
+            total = term if total is None else total + term
+        return ok, np.zeros(len(ok)) if total is None else total
 
 
 def pipeline(shape: Shape, profile: Profile, dynamic: bool) -> Pipeline:
