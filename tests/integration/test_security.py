@@ -190,12 +190,14 @@ async def test_an_agent_speaks_only_for_itself(secure_region, secure_server, cer
         seen.append(msg.subject)
 
     spy = await coord.nc.subscribe(subjects.state_all(R), cb=spy_cb)
+    await coord.nc.flush()  # the server has the subscription before anything is sent
     try:
         # Another node's state: refused by the server, never delivered.
         await nc.publish(subjects.state(R, "node-b"), b"forged")
         await nc.flush()
         await denied(errors, "state of B")
         await nc.publish(subjects.state(R, "node-a"), b"own")  # its own: delivered
+        await nc.flush()
         await eventually(lambda: subjects.state(R, "node-a") in seen)
         assert subjects.state(R, "node-b") not in seen
 
