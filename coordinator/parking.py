@@ -13,7 +13,7 @@ parked until one of:
 - a gang reaches the age at which it would hold the line (`scheduling.holds_line`).
 Nothing else placement reads can change, so nothing else lets a job go: a parking that
 ran out after 5 s made the 2,400 edge jobs a full region could not take be placed in
-vain 480 times a second, and those rounds were the slowest tenth of a latency run.
+vain about 470 times a second, and those rounds were the slowest tenth of a latency run.
 
 Parking also keeps the waiting jobs it does not hold, in queue order (`looking`), from
 the fold's journal of queue moves: a round looks at those without walking a queue of
