@@ -24,7 +24,7 @@ thousands of parked jobs (which took a third of the leader's time at 5,000 nodes
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,13 +69,13 @@ def parked(state: RegionState, snap: Snapshot, now: float) -> Parking:
     rows = None if p is None else snap.row_changes.since(p.mark)
     queue_mark = state.queue_changes.mark()
     if p is None or rows is None:
-        p = Parking(snap.mark, queue_mark, _waiting(state, state.queue.keys()))
+        p = Parking(snap.mark, queue_mark, _waiting(state, {}))
         state.memo["parking"] = p
     else:
         moved = state.queue_changes.since(p.queue_mark)
         p.mark, p.queue_mark = snap.mark, queue_mark
         if moved is None:
-            p.looking = _waiting(state, state.queue.keys(), p.why)
+            p.looking = _waiting(state, p.why)
         else:
             _follow_queue(p, state, moved)
         if rows and p.why:
@@ -84,11 +84,8 @@ def parked(state: RegionState, snap: Snapshot, now: float) -> Parking:
     return p
 
 
-def _waiting(state: RegionState, orders: Iterable, parked: dict | None = None) -> SortedDict:
-    jobs = map(state.jobs.__getitem__, map(state.queue.__getitem__, orders))
-    return SortedDict(
-        (j.order, j.job_id) for j in jobs if not j.kill_requested and j.job_id not in (parked or ())
-    )
+def _waiting(state: RegionState, parked: Mapping[str, str]) -> SortedDict:
+    return SortedDict((j.order, j.job_id) for j in state.pending_jobs() if j.job_id not in parked)
 
 
 def _follow_queue(p: Parking, state: RegionState, moved: set) -> None:

@@ -16,6 +16,7 @@ from coordinator.pools import (
     choose_victims,
     compute_entitlement,
     format_amount,
+    sum_by_pool,
 )
 from coordinator.state import HOLDING, JobRecord, RegionState
 from mesh.schema import TaskPreemptRequested
@@ -46,13 +47,9 @@ class _Held:
 
 def pool_view(state: RegionState, capacity: Resources, now: float) -> PoolView:
     leaves = set(state.pools.leaves())
-    # Kept by the fold: the queue may hold 100,000 jobs, and summing it was most of a
-    # round's cost. Like sum_by_pool, without gpu_memory (pools do not budget it).
-    demand = {
-        p: Resources(r.cpu, r.memory, r.disk, r.gpu)
-        for p, r in state.pool_pending.items()
-        if p in leaves
-    }
+    # Kept by the fold per pool: the queue may hold 100,000 jobs, and summing it was
+    # most of a round's cost. (sum_by_pool drops gpu_memory: pools do not budget it.)
+    demand = sum_by_pool((p, r) for p, r in state.pool_pending.items() if p in leaves)
     allocation = dict(state.pool_alloc)  # kept by the fold, not re-summed per round
     non_preemptible = dict(state.pool_fixed)
     alloc_leaves = {p: r for p, r in allocation.items() if p in leaves}
