@@ -226,7 +226,7 @@ class Region:
         self.procs = []
         self.count = LogCount()
 
-    async def start(self, fleet: bool = True) -> None:
+    async def start(self) -> None:
         self.server.start()
         url = self.server.url
         cmd = mesh_command(
@@ -256,18 +256,10 @@ class Region:
             cb=self.count.on_msg,
             pending_msgs_limit=1_000_000,
         )
-        if fleet:
-            await self.start_fleet()
-
-    async def start_fleet(self) -> float:
-        t = time.monotonic()
         cmd = ["agent", "--simulate", str(self.nodes), "--seed", str(self.seed)]
         cmd += ["--heartbeat", str(self.heartbeat)]
-        self.procs.append(
-            spawn(mesh_command(self.server.url, REGION, *cmd), self.work / "fleet.log")
-        )
+        self.procs.append(spawn(mesh_command(url, REGION, *cmd), self.work / "fleet.log"))
         await self._wait(lambda info: info["nodes"].get("ready", 0) >= self.nodes, 300)
-        return time.monotonic() - t
 
     async def _wait(self, pred, timeout: float = 120) -> dict:
         t0 = time.monotonic()
