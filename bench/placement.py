@@ -327,6 +327,7 @@ async def durable(args: argparse.Namespace, work: Path) -> dict:
             pool="/bench",
         )
         specs = [j.spec for j in generate(config)]
+        print(f"durable: submitting {len(specs):,} jobs", flush=True)
         t = time.monotonic()
         await region.submit(specs)
         submit_s = time.monotonic() - t
@@ -395,6 +396,7 @@ async def e2e_and_latency(args: argparse.Namespace, work: Path) -> tuple[dict, d
         specs = [j.spec for j in generate(cfg)]
         total = sum(sum(g.get("count", 1) for g in s["tasks"]) for s in specs)
         c = region.count
+        print(f"e2e: submitting {len(specs):,} jobs", flush=True)
         t0 = time.perf_counter()
         await region.submit(specs)
         submit_s = time.perf_counter() - t0

@@ -110,10 +110,11 @@ def admitted_jobs(
     view: PoolView,
     jobs: list[JobRecord],
     skip: frozenset[str] = frozenset(),
-) -> tuple[set[str], dict[str, str]]:
+) -> tuple[set[str], dict[str, str], frozenset[str]]:
     """Which of the waiting `jobs` (all of them, or a window of a long queue) may be
-    placed now, and why the others wait. Jobs in `skip` (admitted but found not to fit
-    any node) take no share of their pool's budget."""
+    placed now, why the others wait, and which of those can never be admitted as the
+    pools stand. Jobs in `skip` (admitted but found not to fit any node) take no share
+    of their pool's budget."""
     leaves = set(state.pools.leaves())
     pending = [
         PendingJob(j.job_id, j.spec.pool, j.pending_resources, j.spec.priority, j.spec.preemptible)
@@ -128,7 +129,7 @@ def admitted_jobs(
         {p: r for p, r in view.non_preemptible.items() if p in leaves},
         lookahead=ADMISSION_LOOKAHEAD,
     )
-    return set(decision.admitted), dict(decision.blocked)
+    return set(decision.admitted), dict(decision.blocked), decision.never
 
 
 def preemptions(

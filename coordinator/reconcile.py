@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from coordinator.changes import Mark
 from coordinator.cluster import DOWN, READY, ClusterView, NodeView
-from coordinator.parking import gang_due, park, parked
+from coordinator.parking import gang_due, park, park_never, parked
 from coordinator.placement import Placement, Snapshot
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
 from coordinator.scheduling import PlacementConfig, place_jobs, snapshot, window
@@ -337,9 +337,12 @@ def _place_waiting(
         ids, cursor = window(waiting, cursor, config.window_jobs)
         covered = len(waiting) if len(ids) == len(waiting) else covered + config.window_jobs
         looked = list(map(state.jobs.__getitem__, ids))
-        why, placed, misfits = _place_window(state, nodes, snap, looked, d.pools, now, config)
+        why, placed, misfits, never = _place_window(
+            state, nodes, snap, looked, d.pools, now, config
+        )
         d.unplaced.update(why)
         park(parking, misfits, state, now, config, why)
+        park_never(parking, never, state, why)
         if placed or covered >= rest:
             break
     state.memo["window_cursor"] = cursor
@@ -361,13 +364,14 @@ def _place_window(
     pools: PoolView,
     now: float,
     config: PlacementConfig,
-) -> tuple[dict[str, str], tuple[Placement, ...], frozenset[str]]:
+) -> tuple[dict[str, str], tuple[Placement, ...], frozenset[str], frozenset[str]]:
     """Admission and placement for one window of the queue: why jobs wait, what placed,
-    and which admitted jobs were looked at and fit no node (none of their tasks placed,
-    no gang holding the line in front of them)."""
-    admitted, blocked = admitted_jobs(state, pools, waiting)
+    which admitted jobs were looked at and fit no node (none of their tasks placed, no
+    gang holding the line in front of them), and which jobs can never be admitted as
+    the pools stand."""
+    admitted, blocked, never = admitted_jobs(state, pools, waiting)
     if not admitted:
-        return blocked, (), frozenset()
+        return blocked, (), frozenset(), never
     result = place_jobs(
         state, nodes, [j for j in waiting if j.job_id in admitted], now, config, snap
     )
@@ -375,7 +379,7 @@ def _place_window(
     if misfits and blocked and not result.line_held_by:
         # Admitted gangs that fit no node hold no budget: admit again without them,
         # so the jobs behind them in their pool can use what they could not.
-        again, still_blocked = admitted_jobs(state, pools, waiting, misfits)
+        again, still_blocked, _ = admitted_jobs(state, pools, waiting, misfits)
         if again - admitted:
             why = {j: result.unplaced[j] for j in misfits}
             jobs = [j for j in waiting if j.job_id in again]
@@ -386,4 +390,4 @@ def _place_window(
         misfits = frozenset()
     elif misfits:
         misfits = misfits - {p.job_id for p in result.placed}
-    return {**blocked, **result.unplaced}, result.placed, misfits
+    return {**blocked, **result.unplaced}, result.placed, misfits, never

@@ -762,18 +762,19 @@ def test_a_round_looks_past_windows_where_nothing_fits():
     assert placements(d) == []
 
 
-def spy_on_placement(monkeypatch) -> list[list[str]]:
-    """The job ids each placement call is given, in order."""
+def spy_on_placement(monkeypatch, step: str = "place_jobs") -> list[list[str]]:
+    """The job ids each call of reconcile's `step` (placement, or admission) is given,
+    in order."""
     import coordinator.reconcile as rec
 
     looked: list[list[str]] = []
-    real = rec.place_jobs
+    real = getattr(rec, step)
 
-    def spy(state, ready, jobs, *a, **kw):
+    def spy(state, arg, jobs, *a, **kw):
         looked.append([j.job_id for j in jobs])
-        return real(state, ready, jobs, *a, **kw)
+        return real(state, arg, jobs, *a, **kw)
 
-    monkeypatch.setattr(rec, "place_jobs", spy)
+    monkeypatch.setattr(rec, step, spy)
     return looked
 
 
@@ -819,6 +820,37 @@ def test_a_job_that_fits_no_node_is_parked_until_something_could_make_room(monke
     nodes.observe(view("c", memory=32 * GiB).state, HEARD + 3)
     d = log.step(nodes, NOW + 605)
     assert placements(d) == [("wider.w.0", "c", 1)]
+
+
+def test_a_job_its_pool_can_never_admit_is_parked_until_the_pools_change(monkeypatch):
+    """A job above its pool's limit is not admitted again by every round (a backlog held
+    by a limit of zero was, for every batch of submits): it is passed over, still saying
+    why, until the pool tree is applied again."""
+    from mesh.schema import PoolsApplied
+
+    admitted = spy_on_placement(monkeypatch, "admitted_jobs")
+    log = Log()
+    held = {"pools": {"/held": {"cpu": {"limit": 0}}, "/open": {}}}
+    log.append(PoolsApplied(held, 1.0))
+    for job_id, pool in (("waits", "/held"), ("runs", "/open")):
+        spec = job_spec(job_id, count=1)
+        spec["pool"] = pool
+        log.append(JobSubmitted(job_id, f"client-{job_id}", spec, 1.0))
+    nodes = cluster(view("a"))
+    d = log.step(nodes)
+    assert placements(d) == [("runs.w.0", "a", 1)]
+    assert "can never be admitted" in d.unplaced["waits"]
+    assert admitted == [["waits", "runs"]]
+    spec = job_spec("more", count=1)
+    spec["pool"] = "/open"
+    log.append(JobSubmitted("more", "client-more", spec, 1.0))
+    d = log.step(nodes, NOW + 0.1)
+    assert placements(d) == [("more.w.0", "a", 1)]
+    assert admitted[1:] == [["more"]]  # "waits" was not admitted again
+    assert "can never be admitted" in d.unplaced["waits"]  # and still says why
+    log.append(PoolsApplied({"pools": {"/held": {}, "/open": {}}}, 2.0))  # limit lifted
+    d = log.step(nodes, NOW + 0.2)
+    assert placements(d) == [("waits.w.0", "a", 1)]
 
 
 def test_a_gang_stays_parked_while_releases_cannot_give_it_all_its_tasks(monkeypatch):
@@ -941,10 +973,13 @@ def test_a_job_kept_parked_would_not_fit(seed):
 def test_parking_keeps_exactly_the_waiting_jobs_it_does_not_hold(seed):
     """Rounds look at parking's list of jobs, kept from the fold's journal of queue
     moves instead of a walk of the queue: after any mix of submits that fit or not,
-    placements, ends, kills and gangs reaching the line, it is the waiting jobs not being
-    killed and not parked, in queue order, and only waiting jobs stay parked."""
+    placements, ends, kills, pool trees and gangs reaching the line, it is the waiting
+    jobs not being killed and not parked, in queue order, and only waiting jobs stay
+    parked; a job parked as never admissible is one admission would not admit."""
     from coordinator.parking import parked
+    from coordinator.pooling import admitted_jobs, pool_view
     from coordinator.scheduling import snapshot
+    from mesh.schema import PoolsApplied
 
     rnd = random.Random(seed)
     log = Log()
@@ -963,12 +998,19 @@ def test_parking_keeps_exactly_the_waiting_jobs_it_does_not_hold(seed):
             holding = sorted(t for t, r in log.state.tasks.items() if r.state in HOLDING)
             if holding:
                 log.update(rnd.choice(holding), rnd.choice([S.RUNNING, S.SUCCEEDED]))
+        elif roll < 0.85:  # with child pools, the root admits none of its jobs
+            log.append(PoolsApplied(rnd.choice([{"pools": {}}, {"pools": {"/x": {}}}]), 2.0))
         now += rnd.choice([0.01, 0.1, 40.0])  # 40 s: gangs reach the line
         log.step(nodes, now)
         p = parked(log.state, snapshot(nodes, log.state), now)
         waiting = [j.job_id for j in log.state.pending_jobs()]
         assert list(p.looking.values()) == [j for j in waiting if j not in p.why]
         assert set(p.why) <= set(waiting)
+        if p.never:
+            capacity = Resources(cpu=8000, memory=32 * GiB)
+            pools = pool_view(log.state, capacity, now)
+            jobs = [log.state.jobs[j] for j in sorted(p.never)]
+            assert not admitted_jobs(log.state, pools, jobs)[0]
 
 
 def test_a_parked_job_that_is_killed_no_longer_says_why_it_waits():
