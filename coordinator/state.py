@@ -170,10 +170,13 @@ class JobRecord:
         }
 
 
+_NOTHING = Resources()
+
+
 def _add_to(acc: dict[str, Resources], key: str, r: Resources, sign: int) -> None:
     """Add (sign > 0) or take away `r` at `key`; a key that comes to nothing goes."""
-    new = acc.get(key, Resources()) + r if sign > 0 else acc.get(key, Resources()) - r
-    if new == Resources():
+    new = acc.get(key, _NOTHING) + r if sign > 0 else acc.get(key, _NOTHING) - r
+    if new == _NOTHING:
         acc.pop(key, None)
     else:
         acc[key] = new
@@ -300,8 +303,8 @@ class RegionState:
         job = JobRecord(ev.job_id, ev.client_id, spec, ev.ts, tasks, submit_seq=seq)
         job.pending = len(tasks)
         job.counts = {TaskState.PENDING: len(tasks)}
-        job.pending_resources = spec.total_resources
-        _add_to(self.pool_pending, spec.pool, spec.total_resources, +1)
+        job.pending_resources = asked = spec.total_resources
+        _add_to(self.pool_pending, spec.pool, asked, +1)
         self._submitted += 1
         job.order = (-spec.priority, seq, self._submitted)
         job.pending_since = ev.ts
@@ -326,7 +329,7 @@ class RegionState:
         task.message = task.log_tail = ""
         task.started_at = task.finished_at = None
         self.node_tasks.setdefault(ev.node_id, set()).add(task.task_id)
-        self.node_alloc[ev.node_id] = self.node_alloc.get(ev.node_id, Resources()) + task.resources
+        self.node_alloc[ev.node_id] = self.node_alloc.get(ev.node_id, _NOTHING) + task.resources
         self.node_changes.add(ev.node_id)
         self._pool_hold(task, +1)
         self._grant_gpus(task, +1)
@@ -469,7 +472,7 @@ class RegionState:
     # ------------------------------------------------------------ queries
 
     def allocated(self, node_id: str) -> Resources:
-        return self.node_alloc.get(node_id, Resources())
+        return self.node_alloc.get(node_id, _NOTHING)
 
     def pending_jobs(self) -> list[JobRecord]:
         """Jobs with PENDING tasks, highest priority first, then oldest first."""

@@ -15,6 +15,7 @@ import datetime
 import math
 import re
 from decimal import ROUND_CEILING, Context, Decimal, InvalidOperation
+from functools import lru_cache
 
 __all__ = [
     "MAX_BYTES",
@@ -244,6 +245,7 @@ def _in_units(n: int, units: dict[str, int]) -> str | None:
     return None
 
 
+@lru_cache(maxsize=4096)  # few sizes recur: every job spec logged formats its own
 def format_bytes(n: int) -> str:
     """A short, exact quantity string for ``n`` bytes: ``67108864`` -> ``"64Mi"``,
     ``1536`` -> ``"1.5Ki"``, ``500000000`` -> ``"500M"``, ``0`` -> ``"0"``.
@@ -263,6 +265,7 @@ def format_bytes(n: int) -> str:
     return str(n)
 
 
+@lru_cache(maxsize=4096)
 def format_gpu(milli: int) -> str:
     """``250`` -> ``"0.25"``, ``2000`` -> ``"2"``."""
     if milli < 0:
