@@ -45,7 +45,8 @@ LABELS = [("rack", "x"), ("rack", "y"), ("zone", "zone-a"), ("zone", "zone-b")]
 @given(st.integers(0, 2**32 - 1))
 def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
     """Rounds reuse the last snapshot and rebuild only the rows whose heartbeat or grants
-    changed: after random heartbeats and placements, every array must equal a full build."""
+    changed: after random heartbeats, placements and ends, every array must equal a full
+    build."""
     import dataclasses
     import random
 
@@ -56,7 +57,8 @@ def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
     from coordinator.placement.snapshot import Snapshot
     from coordinator.scheduling import node_info, snapshot
     from coordinator.state import RegionState
-    from mesh.schema import JobSubmitted, LogEntry, TaskPlaced
+    from mesh.schema import JobSubmitted, LogEntry, TaskPlaced, TaskUpdated
+    from workloads.lifecycle import TaskState
 
     rnd = random.Random(seed)
     cluster = ClusterView("r", suspect_after=3.0, down_after=10.0)
@@ -88,18 +90,40 @@ def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
     }
     state.apply(1, LogEntry(1, "c", (JobSubmitted("j", "c1", spec, 0.0),)))
     state.apply(2, LogEntry(1, "c", (JobSubmitted("g", "c2", gpu_spec, 0.0),)))
-    seq, placed = 2, 0
+    shares = {**gpu_spec, "name": "h"}  # a share of a GPU and none of its memory
+    shares["tasks"] = [{**gpu_spec["tasks"][0], "resources": {"gpu": 0.25}}]
+    state.apply(3, LogEntry(1, "c", (JobSubmitted("h", "c3", shares, 0.0),)))
+    seq, placed, journaled = 3, 0, 0
     for _ in range(10):
         before = snapshot(cluster, state)  # the kept one, updated below
         for label in LABELS:  # masks asked for, so the next snapshot carries them over
             before.label_mask(*label)
         clock += rnd.choice([0.5, 1.0, 4.0])
+        if rnd.random() < 0.8:  # all heard (else the silent go suspect: a full build)
+            for node in sorted(cluster.nodes):
+                st = cluster.nodes[node].state
+                if rnd.random() < 0.3:  # GPU memory used by others goes up or down
+                    st = dataclasses.replace(
+                        st,
+                        gpus=tuple(
+                            dataclasses.replace(g, memory_used=rnd.randint(0, 8 << 30))
+                            for g in st.gpus
+                        ),
+                    )
+                cluster.observe(dataclasses.replace(st, seq=st.seq + 1), clock)
         for _ in range(rnd.randint(0, 6)):  # new heartbeats: load and GPU use move
             st = cluster.nodes[rnd.choice(sorted(cluster.nodes))].state
             gpus = tuple(dataclasses.replace(g, utilization=rnd.randint(0, 100)) for g in st.gpus)
+            used = tuple(
+                dataclasses.replace(g, memory_used=rnd.randint(0, 8 << 30)) for g in st.gpus
+            )
+            levels = tuple(
+                dataclasses.replace(g, enforcement=rnd.choice(["none", "watchdog", "mps"]))
+                for g in st.gpus
+            )
             moved = {  # one thing at a time, or only the clock
                 "cpu_percent": rnd.uniform(0, 100),
-                "gpus": gpus,
+                "gpus": rnd.choice([gpus, used, levels]),
                 "labels": {**st.labels, "rack": rnd.choice("xy")},
                 "capacity": dataclasses.replace(st.capacity, cpu=rnd.choice([4000, 8000])),
             }
@@ -112,13 +136,24 @@ def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
         views = cluster.ready()
         for _ in range(rnd.randint(0, 4) if views else 0):  # placements: grants move
             v = views[rnd.randrange(len(views))]
-            job, uuids = ("g", (v.state.gpus[0].uuid,)) if v.state.gpus else ("j", ())
+            job, uuids = (
+                (rnd.choice("gh"), (rnd.choice(v.state.gpus).uuid,)) if v.state.gpus else ("j", ())
+            )
             seq += 1
             state.apply(
                 seq,
                 LogEntry(1, "c", (TaskPlaced(job, f"{job}.w.{placed}", 1, v.node_id, 1.0, uuids),)),
             )
             placed += 1
+        for _ in range(rnd.randint(0, 2)):  # ends: grants given back
+            holding = sorted(t for t, r in state.tasks.items() if r.state == TaskState.PLACED)
+            if holding:
+                t = state.tasks[rnd.choice(holding)]
+                seq += 1
+                ended = TaskUpdated(
+                    t.job_id, t.task_id, t.attempt, TaskState.SUCCEEDED, t.node_id, 2.0
+                )
+                state.apply(seq, LogEntry(1, "c", (ended,)))
         kept = snapshot(cluster, state)
         assert state.ignored == 0  # every placement was folded
         fresh = Snapshot([node_info(v, state) for v in views])
@@ -135,12 +170,14 @@ def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
         # The journal of rows (parking reads it): every row that changed since the
         # earlier snapshot is named; or it says it does not know.
         rows = kept.row_changes.since(before.mark)
+        journaled += rows is not None
         if rows is not None:
             assert kept.ids == before.ids
             for i in set(range(len(kept))) - rows:
                 assert kept.nodes[i] == before.nodes[i]
                 for name in (a for a in arrays if len(getattr(kept, a)) == len(kept)):
                     assert np.array_equal(getattr(kept, name)[i], getattr(before, name)[i])
+    assert journaled  # rounds kept their journal, not only full builds
 
 
 def test_a_snapshot_made_from_an_older_one_starts_a_new_line():
