@@ -465,9 +465,6 @@ def _any(x: Any, path: str, depth: int = 0) -> Any:
     raise WireError(path, f"unsupported value of type {type(x).__name__}")
 
 
-_PLAIN = frozenset({type(None), bool, int, float, bytes})
-
-
 def _any_ok(x: Any, depth: int = 0) -> bool:
     """Whether `_any` would take `x` and give back an equal value: then the decoder keeps
     `x` and builds no path (a path string for every value of 1,000 job specs was a
@@ -477,10 +474,10 @@ def _any_ok(x: Any, depth: int = 0) -> bool:
     if depth > MAX_DEPTH:
         return False
     t = type(x)
-    if t in _PLAIN:
-        return True
     if t is str:
         return len(x) <= MAX_STR
+    if t in _PLAIN:
+        return True
     if t is dict:
         if len(x) > MAX_ITEMS:
             return False

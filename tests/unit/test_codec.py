@@ -10,7 +10,7 @@ import typing
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from mesh import codec
@@ -795,6 +795,8 @@ odd_free_form = st.recursive(
 
 @settings(max_examples=400, deadline=None)
 @given(odd_free_form)
+@example("y" * (MAX_STR + 1))  # a spec that is one long string
+@example({"k": "y" * (MAX_STR + 1)})
 def test_free_form_fast_check_keeps_only_what_the_full_check_gives_back_equal(value):
     """The decoder keeps a free-form value as it came when `_any.ok` passes it: then the
     full check must take it and give back an equal value; whatever it refuses, the fast
