@@ -35,7 +35,7 @@ from workloads.lifecycle import (
     job_state_of_counts,
 )
 from workloads.quantity import SpecError
-from workloads.resources import Resources, gpu_share
+from workloads.resources import NOTHING, Resources, gpu_share
 from workloads.spec import JobSpec, TaskGroup, parse_job_spec
 
 HOLDING = frozenset({TaskState.PLACED, TaskState.STARTING, TaskState.RUNNING})
@@ -170,13 +170,10 @@ class JobRecord:
         }
 
 
-_NOTHING = Resources()
-
-
 def _add_to(acc: dict[str, Resources], key: str, r: Resources, sign: int) -> None:
     """Add (sign > 0) or take away `r` at `key`; a key that comes to nothing goes."""
-    new = acc.get(key, _NOTHING) + r if sign > 0 else acc.get(key, _NOTHING) - r
-    if new == _NOTHING:
+    new = acc.get(key, NOTHING) + r if sign > 0 else acc.get(key, NOTHING) - r
+    if new == NOTHING:
         acc.pop(key, None)
     else:
         acc[key] = new
@@ -329,7 +326,7 @@ class RegionState:
         task.message = task.log_tail = ""
         task.started_at = task.finished_at = None
         self.node_tasks.setdefault(ev.node_id, set()).add(task.task_id)
-        self.node_alloc[ev.node_id] = self.node_alloc.get(ev.node_id, _NOTHING) + task.resources
+        self.node_alloc[ev.node_id] = self.node_alloc.get(ev.node_id, NOTHING) + task.resources
         self.node_changes.add(ev.node_id)
         self._pool_hold(task, +1)
         self._grant_gpus(task, +1)
@@ -472,7 +469,7 @@ class RegionState:
     # ------------------------------------------------------------ queries
 
     def allocated(self, node_id: str) -> Resources:
-        return self.node_alloc.get(node_id, _NOTHING)
+        return self.node_alloc.get(node_id, NOTHING)
 
     def pending_jobs(self) -> list[JobRecord]:
         """Jobs with PENDING tasks, highest priority first, then oldest first."""

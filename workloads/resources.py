@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from workloads.quantity import SpecError, format_bytes, format_cpu, format_gpu
 
-__all__ = ["Resources"]
+__all__ = ["NOTHING", "Resources", "gpu_share"]
 
 _MAX_AMOUNT = 2**63 - 1  # every amount must survive a signed 64-bit wire encoding
 
@@ -113,6 +113,9 @@ class Resources:
             if amount
         ]
         return " ".join(parts) if parts else "none"
+
+
+NOTHING = Resources()  # shared: a sum's start or a missing entry, without an init each
 
 
 def gpu_share(gpu: int, gpu_memory: int, gpus: int) -> tuple[int, int]:

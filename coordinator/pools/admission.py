@@ -29,11 +29,9 @@ from dataclasses import dataclass
 
 from coordinator.pools.jobs import PendingJob
 from coordinator.pools.tree import POOL_KINDS, PoolTree, format_amount
-from workloads.resources import Resources
+from workloads.resources import NOTHING, Resources
 
 __all__ = ["Admission", "admit"]
-
-_ZERO = Resources()
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +87,7 @@ def admit(
     np_out: dict[str, Resources] = dict(non_preemptible)
     for pool, queue in queues.items():
         queue.sort(key=lambda t: (t[0], t[1]))
-        _admit_pool(tree, pool, [j for _, _, j in queue], entitlement.get(pool, _ZERO),
+        _admit_pool(tree, pool, [j for _, _, j in queue], entitlement.get(pool, NOTHING),
                     alloc_out, np_out, lookahead, waited, hold_after, admitted, blocked, never)
     new_waited = {j: waited.get(j, 0) + 1 for j in blocked}
     return Admission(admitted, blocked, frozenset(never), alloc_out, np_out, new_waited)
@@ -102,8 +100,8 @@ def _vec(r: Resources) -> list[int]:
 def _admit_pool(tree, pool, queue, ent_r, alloc_out, np_out, lookahead, waited, hold_after,
                 admitted, blocked, never) -> None:
     ent = _vec(ent_r)
-    alloc = _vec(alloc_out.get(pool, _ZERO))
-    np_alloc = _vec(np_out.get(pool, _ZERO))
+    alloc = _vec(alloc_out.get(pool, NOTHING))
+    np_alloc = _vec(np_out.get(pool, NOTHING))
     reservation = [tree.reservation[k][tree.index[pool]] for k in POOL_KINDS]
     limit = [tree.limit[k][tree.index[pool]] for k in POOL_KINDS]
 
@@ -177,9 +175,9 @@ def _admit_pool(tree, pool, queue, ent_r, alloc_out, np_out, lookahead, waited, 
             np_taken.append(job.resources)
         admitted.append(job.job_id)
     if taken:
-        alloc_out[pool] = sum(taken, alloc_out.get(pool, _ZERO))
+        alloc_out[pool] = sum(taken, alloc_out.get(pool, NOTHING))
     if np_taken:
-        np_out[pool] = sum(np_taken, np_out.get(pool, _ZERO))
+        np_out[pool] = sum(np_taken, np_out.get(pool, NOTHING))
 
 
 def _rest(jobs, reason, never_reason, blocked, never) -> None:

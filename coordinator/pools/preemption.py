@@ -34,11 +34,9 @@ from typing import NamedTuple
 
 from coordinator.pools.jobs import RunningJob
 from coordinator.pools.tree import POOL_KINDS, PoolTree, format_amount
-from workloads.resources import Resources
+from workloads.resources import NOTHING, Resources
 
 __all__ = ["Victim", "VictimChoice", "any_over_entitlement", "choose_victims"]
-
-_ZERO = Resources()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +67,7 @@ def any_over_entitlement(
     include jobs being reclaimed), `choose_victims` finds no donor and carries no count:
     no victims, empty counts, without building the running-job list it needs."""
     for pool, held in allocation.items():
-        ent = _vec(entitlement.get(pool, _ZERO))
+        ent = _vec(entitlement.get(pool, NOTHING))
         if any(a > e for a, e in zip(_vec(held), ent, strict=True)):
             return True
     return False
@@ -101,7 +99,7 @@ def choose_victims(
         a = alloc.setdefault(job.pool, [0, 0, 0, 0])
         for j, v in enumerate(_vec(job.resources)):
             a[j] += v
-    ent = {p: _vec(entitlement.get(p, _ZERO)) for p in tree.leaves()}
+    ent = {p: _vec(entitlement.get(p, NOTHING)) for p in tree.leaves()}
     counts: dict[str, int] = {}
     for p, a in alloc.items():
         if any(a[j] > ent[p][j] for j in range(4)):
