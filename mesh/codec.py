@@ -411,25 +411,19 @@ def _dataclass_conv(cls: type) -> Converter:
         )
         meta = {k: v for k, v in f.metadata.items() if v is not None}
         fields.append((f.name, has_default, hints[f.name], meta))
-    compiled: list[tuple[str, bool, Converter, Callable[[Any], bool] | None]] = []
+    names = tuple(f[0] for f in fields)
+    compiled: dict[str, tuple[bool, Converter, Callable[[Any], bool] | None]] = {}
 
-    def conv(x: Any, path: str) -> Any:
-        if not compiled:
+    def field_value(name: str, v: Any, path: str) -> Any:
+        if not compiled:  # lazily: a dataclass may name types defined after it
             for n, d, t, m in fields:
                 c = _converter(t, m)
-                compiled.append((n, d, c, getattr(c, "ok", None)))
-        if not isinstance(x, dict):
-            raise WireError(path, f"expected a map for {cls.__name__}, got {type(x).__name__}")
-        kwargs = {}
-        for name, has_default, c, ok in compiled:
-            if name in x:
-                v = x[name]
-                # A value the converter would return unchanged skips it (and the path).
-                kwargs[name] = (
-                    v if ok is not None and ok(v) else c(v, f"{path}.{name}" if path else name)
-                )
-            elif not has_default:
-                raise WireError(f"{path}.{name}" if path else name, "required")
+                compiled[n] = (d, c, getattr(c, "ok", None))
+        _, c, ok = compiled[name]
+        # A value the converter would return unchanged skips it (and the path).
+        return v if ok is not None and ok(v) else c(v, f"{path}.{name}" if path else name)
+
+    def make(kwargs: dict, path: str) -> Any:
         try:
             return cls(**kwargs)
         except WireError:
@@ -437,7 +431,34 @@ def _dataclass_conv(cls: type) -> Converter:
         except (TypeError, ValueError) as exc:
             raise WireError(path, str(exc)) from None
 
+    def conv(x: Any, path: str) -> Any:
+        if not isinstance(x, dict):
+            raise WireError(path, f"expected a map for {cls.__name__}, got {type(x).__name__}")
+        kwargs = {}
+        for name, has_default, _, _ in fields:
+            if name in x:
+                kwargs[name] = field_value(name, x[name], path)
+            elif not has_default:
+                raise WireError(f"{path}.{name}" if path else name, "required")
+        return make(kwargs, path)
+
+    def changed(old: Any, x: dict) -> Any:
+        kwargs = {n: getattr(old, n) for n in names}
+        for name, v in x.items():
+            if name in kwargs:
+                kwargs[name] = field_value(name, v, "")
+        return make(kwargs, "")
+
+    conv.changed = changed  # type: ignore[attr-defined]
     return conv
+
+
+def with_changes(old: Any, changes: dict) -> Any:
+    """`old` with the fields `changes` names (a map as the wire gives it) validated as
+    `from_wire` would, and the others kept as they are: for a message that repeats the
+    last one but for a field or two (a heartbeat's clock), so what did not change is not
+    validated again. Names `old`'s class lacks are ignored, as `from_wire` ignores them."""
+    return _converter(type(old)).changed(old, changes)  # type: ignore[attr-defined]
 
 
 def _any(x: Any, path: str, depth: int = 0) -> Any:

@@ -985,3 +985,42 @@ def test_a_value_the_fast_path_accepts_is_one_the_converter_returns_unchanged(va
     else:
         with contextlib.suppress(WireError):
             conv(value, name)  # refused or converted (an int for a float): the slow path
+
+
+@ROUND_BIG
+@given(old=node_state, new=node_state, names=st.sets(st.sampled_from(NodeState.__slots__)))
+def test_changing_some_fields_gives_what_decoding_the_whole_message_gives(old, new, names):
+    """`with_changes` validates only the fields a repeated message changed (a heartbeat's
+    clock), keeping the rest: the result must be the full decode of the merged message,
+    and a name the class lacks is ignored as a full decode ignores it."""
+    changes = {k: v for k, v in to_wire(new).items() if k in names}
+    changes["later_field"] = [1, 2]
+    assert codec.with_changes(old, changes) == codec.from_wire(
+        NodeState, {**to_wire(old), **changes}
+    )
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("seq", True),
+        ("seq", -1),
+        ("ts", "now"),
+        ("ts", float("inf")),
+        ("cpu_percent", 100.5),
+        ("tasks", "j.w.0#1"),
+        ("tasks", ["ok#1", 7]),
+        ("gpus", [{"index": -1}]),
+        ("capacity", {"cpu": 1.5}),
+        ("labels", {"a": 1}),
+        ("node_id", "n" * 65),
+        ("node_id", None),
+    ],
+)
+def test_a_bad_changed_field_is_refused_as_in_a_whole_message(name, value):
+    old = NodeState("n1", "r", 1, 1.0, Resources(cpu=1000))
+    with pytest.raises(WireError) as whole:
+        codec.from_wire(NodeState, {**to_wire(old), name: value})
+    with pytest.raises(WireError) as changed:
+        codec.with_changes(old, {name: value})
+    assert changed.value.field == whole.value.field
