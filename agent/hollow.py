@@ -53,8 +53,8 @@ One fleet process carries thousands of nodes (a 2-core machine: 1,000 comfortabl
   buffered, never flushed one by one.
 - Events: `agent.link.EventPublisher`: concurrent JetStream publishes over one
   connection, in order per task attempt (RUNNING is acknowledged before SUCCEEDED is
-  sent), retried until acknowledged, de-duplicated by the same message ids as a real
-  agent's.
+  sent), a node's events that are ready together in one message, retried until
+  acknowledged, de-duplicated by the same message ids as a real agent's.
 
 The region (`MIX`, `inventory_mix(count, seed)`): CPU-only datacenter nodes, 8x A100
 80 GB, 8x H100 80 GB and 4x L4 24 GB nodes in zones zone-a/b/c, and small edge nodes in

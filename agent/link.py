@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -32,7 +33,14 @@ from nats.js.errors import APIError, NotFoundError
 from mesh import subjects
 from mesh.codec import WireError, encode
 from mesh.pull import PullLoop
-from mesh.schema import Assignment, AssignmentBatch, TaskEvent, decode_assignments
+from mesh.schema import (
+    MAX_EVENT_BATCH,
+    Assignment,
+    AssignmentBatch,
+    TaskEvent,
+    TaskEventBatch,
+    decode_assignments,
+)
 from mesh.tasks import cancel_and_wait
 from workloads.lifecycle import TaskState
 
@@ -286,18 +294,35 @@ def _event_map(ev: TaskEvent) -> dict:
     }
 
 
-def _fast_event_encoder() -> Callable[[TaskEvent], bytes]:
-    """`encode` for a TaskEvent without the generic walk over its fields (a third of the
-    cost of sending one), used only if it gives the very same bytes on a sample."""
+def _fast_event_encoder() -> Callable[[list[TaskEvent]], bytes]:
+    """`encode` for one node's events (one TaskEvent, or a TaskEventBatch of several)
+    without the generic walk over their fields (a third of the cost of sending one),
+    used only if it gives the very same bytes on a sample."""
     sample = TaskEvent("n", "j", "t", 2, TaskState.FAILED, 1.5, -3, 9, "msg", "tail")
 
-    def fast(ev: TaskEvent) -> bytes:
-        return msgpack.packb(_event_map(ev), use_bin_type=True)
+    def fast(evs: list[TaskEvent]) -> bytes:
+        if len(evs) == 1:
+            return msgpack.packb(_event_map(evs[0]), use_bin_type=True)
+        batch = {"node_id": evs[0].node_id, "events": [_event_map(ev) for ev in evs], "v": 1}
+        return msgpack.packb(batch, use_bin_type=True)
 
-    if fast(sample) == encode(sample):
+    def generic(evs: list[TaskEvent]) -> bytes:
+        return encode(evs[0] if len(evs) == 1 else TaskEventBatch(evs[0].node_id, tuple(evs)))
+
+    if all(fast(evs) == generic(evs) for evs in ([sample], [sample, sample])):
         return fast
     log.warning("TaskEvent's wire form changed: events are encoded the generic way")
-    return encode
+    return generic
+
+
+def _message_id(evs: list[TaskEvent]) -> str:
+    """The stream's de-duplication id: the same for a message sent again (one event: its
+    attempt and state; several: a digest of theirs)."""
+    ids = [f"{ev.node_id}:{ev.task_id}:{ev.attempt}:{ev.state}" for ev in evs]
+    if len(ids) == 1:
+        return ids[0]
+    digest = hashlib.blake2b("|".join(ids).encode(), digest_size=16).hexdigest()
+    return f"{evs[0].node_id}:batch:{digest}"
 
 
 class EventPublisher:
@@ -307,10 +332,12 @@ class EventPublisher:
     `publish_async` (the ack is a future, not a round trip to wait out), so thousands
     of events are in flight together. Order is kept per task attempt: an attempt's
     next event is sent only after the previous one was acknowledged, so RUNNING is
-    stored before SUCCEEDED. A failed or unanswered publish is sent again (same
-    `Nats-Msg-Id`, so a resend whose first copy did land is dropped by the server)
-    until it is acknowledged or the publisher stops. `on_acked` hears of each event
-    once the stream has it.
+    stored before SUCCEEDED. The events of one node that are ready together go in one
+    message (a `TaskEventBatch`, up to MAX_EVENT_BATCH): a node starting a round's
+    tasks reports them in one stream write, not one each. A failed or unanswered
+    publish is sent again (same `Nats-Msg-Id`, so a resend whose first copy did land is
+    dropped by the server) until it is acknowledged or the publisher stops. `on_acked`
+    hears of each event once the stream has it.
     """
 
     def __init__(
@@ -331,6 +358,7 @@ class EventPublisher:
         self.sent = 0
         self.acked = 0
         self.retries = 0
+        self.messages = 0  # stream messages that carried them
         self._chains: dict[tuple[str, str, int], deque[TaskEvent]] = {}
         self._ready: deque[tuple[str, str, int]] = deque()
         self._wake = asyncio.Event()
@@ -385,59 +413,79 @@ class EventPublisher:
             await self._wake.wait()
             self._wake.clear()
             while self._ready:
-                key = self._ready.popleft()
-                chain = self._chains.get(key)
-                if not chain:
-                    continue
-                ev = chain[0]
-                try:
-                    fut = await self.js.publish_async(
-                        subjects.events(self.region, ev.node_id),
-                        self._encode(ev),
-                        stream=self.stream,
-                        headers={
-                            "Nats-Msg-Id": f"{ev.node_id}:{ev.task_id}:{ev.attempt}:{ev.state}"
-                        },
-                    )
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    log.debug("event %s not sent: %s", key, exc)
-                    self._retry_later(loop, key)
-                    continue
-                self.sent += 1
-                timer = loop.call_later(self.ack_timeout, fut.cancel)
-                fut.add_done_callback(lambda f, k=key, t=timer: self._done(loop, k, f, t))
+                for keys in self._take_ready():
+                    await self._publish(loop, keys)
 
-    def _done(self, loop, key, fut: asyncio.Future, timer: asyncio.TimerHandle) -> None:
+    def _take_ready(self) -> list[list[tuple[str, str, int]]]:
+        """Every ready attempt, grouped by node in the order they became ready: a
+        message's worth each."""
+        groups: dict[str, list[list[tuple[str, str, int]]]] = {}
+        seen = set()
+        while self._ready:
+            key = self._ready.popleft()
+            if key in seen or not self._chains.get(key):
+                continue
+            seen.add(key)
+            node = groups.setdefault(key[0], [[]])
+            if len(node[-1]) == MAX_EVENT_BATCH:
+                node.append([])
+            node[-1].append(key)
+        return [keys for node in groups.values() for keys in node]
+
+    async def _publish(self, loop, keys: list[tuple[str, str, int]]) -> None:
+        evs = [self._chains[k][0] for k in keys]
+        try:
+            fut = await self.js.publish_async(
+                subjects.events(self.region, evs[0].node_id),
+                self._encode(evs),
+                stream=self.stream,
+                headers={"Nats-Msg-Id": _message_id(evs)},
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("events of %s not sent: %s", keys[0][0], exc)
+            self._retry_later(loop, keys)
+            return
+        self.sent += len(evs)
+        self.messages += 1
+        timer = loop.call_later(self.ack_timeout, fut.cancel)
+        fut.add_done_callback(lambda f: self._done(loop, keys, f, timer))
+
+    def _done(self, loop, keys, fut: asyncio.Future, timer: asyncio.TimerHandle) -> None:
         timer.cancel()
-        chain = self._chains.get(key)
-        if chain is None:  # stopped meanwhile
+        keys = [k for k in keys if k in self._chains]  # (all gone if stopped meanwhile)
+        if not keys:
             return
         if fut.cancelled() or fut.exception() is not None:
             why = "no ack in time" if fut.cancelled() else fut.exception()
-            log.debug("event %s not acknowledged: %s", key, why)
-            self._retry_later(loop, key)
+            log.debug("events of %s not acknowledged: %s", keys[0][0], why)
+            self._retry_later(loop, keys)
             return
-        self.acked += 1
-        ev = chain.popleft()
-        if self.on_acked is not None:
-            self.on_acked(ev)
-        if chain:
-            self._ready.append(key)
-            self._wake.set()
-        else:
-            del self._chains[key]
-            if not self._chains:
-                self._idle.set()
+        for key in keys:
+            chain = self._chains[key]
+            self.acked += 1
+            ev = chain.popleft()
+            if self.on_acked is not None:
+                self.on_acked(ev)
+            if chain:
+                self._ready.append(key)
+                self._wake.set()
+            else:
+                del self._chains[key]
+        if not self._chains:
+            self._idle.set()
 
-    def _retry_later(self, loop, key) -> None:
+    def _retry_later(self, loop, keys) -> None:
+        """Sent again together, in the same order: unless more of the node's events
+        became ready meanwhile, the same message with the same de-duplication id."""
         self.retries += 1
 
         def again() -> None:
             self._timers.discard(handle)
-            if key in self._chains:
-                self._ready.append(key)
+            live = [k for k in keys if k in self._chains]
+            if live:
+                self._ready.extend(live)
                 self._wake.set()
 
         handle = loop.call_later(self.retry_s, again)

@@ -57,8 +57,10 @@ from mesh.schema import (
     SubmitManyRequest,
     SubmitRequest,
     TaskEvent,
+    TaskEventBatch,
     TaskSpec,
 )
+from workloads.lifecycle import TaskState
 from workloads.quantity import SpecError
 from workloads.spec import JOB_FIELDS, MAX_SOURCE_BYTES, parse_job_spec
 
@@ -118,6 +120,15 @@ def _samples() -> dict[type, list[Any]]:
             ),
         ],
         TaskEvent: [TaskEvent("n1", "j1", "j1.main.0", 0, ts=1.0, exit_code=0, message="m")],
+        TaskEventBatch: [
+            TaskEventBatch(
+                "n1",
+                (
+                    TaskEvent("n1", "j1", "j1.main.0", 0, TaskState.RUNNING, 1.0),
+                    TaskEvent("n1", "j1", "j1.main.1", 0, ts=1.0, exit_code=0, message="m"),
+                ),
+            ),
+        ],
         Assignment: [
             Assignment("run", "n1", "j1", "j1.main.0", 0, 1, 1.0, spec, signature=b"s" * 64),
             Assignment("kill", "n1", "j1", "j1.main.0", 1, 2, 1.0),
@@ -675,6 +686,7 @@ def run_in_process(cases: int, rng: random.Random) -> Tally:
     targets += [
         ("coordinator.state", lambda: wire_case(rng, NodeState), via(recv.state), _Never),
         ("leader.events", lambda: wire_case(rng, TaskEvent), via(recv.events), _Never),
+        ("leader.event_batch", lambda: wire_case(rng, TaskEventBatch), via(recv.events), _Never),
         ("follower.log", lambda: wire_case(rng, LogEntry), log_path, _Never),
         ("agent.assignment", lambda: wire_case(rng, Assignment), via(recv.assignment), _Never),
         (

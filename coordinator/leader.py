@@ -21,7 +21,7 @@ from coordinator.pooling import PoolView, preemptions
 from coordinator.reconcile import Kill, agent_event, reconcile, still_placed
 from coordinator.state import TaskRecord
 from mesh import subjects
-from mesh.codec import WireError, decode, encode
+from mesh.codec import WireError, encode
 from mesh.pull import PullLoop
 from mesh.schema import (
     MAX_ASSIGNMENT_BATCH,
@@ -33,6 +33,7 @@ from mesh.schema import (
     TaskPlaced,
     TaskSpec,
     TaskUpdated,
+    decode_task_events,
 )
 from mesh.signing import sign, sign_batch
 from mesh.tasks import cancel_and_wait
@@ -47,14 +48,16 @@ RECONCILE_EVERY_S = 0.5
 KILL_RESEND_S = 5.0
 MAX_ROUNDS = 20
 EVENTS_ACK_WAIT_S = 3.0
-# Agent reports taken per fetch, and logged in one append: each fetch, append and
-# acknowledgement waits its turn behind placement rounds on the loop (a cycle took 2-3 s
-# while 50,000 tasks were submitted to 5,000 nodes), and each fetch asks the server for
-# at most this many, so it bounds the reports taken per second (512 left 25,000 waiting;
-# 2,000 left RUNNING 25 s behind placement, 10,000 about 8 s). The price: a full batch
-# holds the loop for about 0.2 s while it is decoded, and again while its entry is
-# encoded and folded (measured in process).
+# Agent report messages taken per fetch: each fetch, append and acknowledgement waits
+# its turn behind placement rounds on the loop (a cycle took 2-3 s while 50,000 tasks
+# were submitted to 5,000 nodes), and each fetch asks the server for at most this many,
+# so it bounds the reports taken per second (512 left 25,000 waiting; 2,000 left RUNNING
+# 25 s behind placement, 10,000 about 8 s).
 EVENTS_BATCH = 10_000
+# Reports logged per append (a message may carry up to MAX_EVENT_BATCH of one node's):
+# 10,000 hold the loop for about 0.2 s while they are decoded, and again while their
+# entry is encoded and folded (measured in process).
+EVENTS_PER_APPEND = 10_000
 PUBLISH_TIMEOUT_S = 10.0
 BATCH_BYTES = 512 * 1024  # a batch stays well inside the 1 MiB a message may have
 
@@ -391,41 +394,64 @@ class Leader:
         )
 
     async def _handle_events(self, msgs) -> None:
+        chunk: list[tuple[object, tuple[TaskEvent, ...]]] = []
+        count = 0
+        for k, msg in enumerate(msgs):
+            events = self._events_of(msg)
+            chunk.append((msg, events))
+            count += len(events)
+            if count >= EVENTS_PER_APPEND or k == len(msgs) - 1:
+                if not await self._log_reports(chunk):
+                    for later in msgs[k + 1 :]:
+                        with contextlib.suppress(Exception):
+                            await later.nak(delay=0.5)
+                    return
+                chunk, count = [], 0
+        self.wake()
+
+    def _events_of(self, msg) -> tuple[TaskEvent, ...]:
+        """The events a message carries, or none if it is bad or speaks for another node
+        than its subject's."""
+        try:
+            node_id, events = decode_task_events(msg.data)
+        except WireError as exc:
+            self.bad_events += 1
+            log.warning("bad task event dropped: %s", exc)
+            return ()
+        if not subjects.is_token(node_id) or subjects.events(self.coord.region, node_id) != (
+            msg.subject
+        ):
+            self.bad_events += 1
+            log.warning("task events for %s arrived on %s: dropped", node_id, msg.subject)
+            return ()
+        return events
+
+    async def _log_reports(self, chunk) -> bool:
+        """Log what these messages' events mean, then acknowledge the messages; False
+        if they could not be logged (then they come again)."""
         updates: list[TaskUpdated] = []
         stale: list[Kill] = []
-        for msg in msgs:
-            try:
-                ev = decode(TaskEvent, msg.data)
-            except WireError as exc:
-                self.bad_events += 1
-                log.warning("bad task event dropped: %s", exc)
-                continue
-            if (
-                not subjects.is_token(ev.node_id)
-                or subjects.events(self.coord.region, ev.node_id) != msg.subject
-            ):
-                self.bad_events += 1
-                log.warning("task event for %s arrived on %s: dropped", ev.node_id, msg.subject)
-                continue
-            outcome = agent_event(self.state, ev)
-            if isinstance(outcome, TaskUpdated):
-                updates.append(outcome)
-            elif isinstance(outcome, Kill):
-                stale.append(outcome)
+        for _, events in chunk:
+            for ev in events:
+                outcome = agent_event(self.state, ev)
+                if isinstance(outcome, TaskUpdated):
+                    updates.append(outcome)
+                elif isinstance(outcome, Kill):
+                    stale.append(outcome)
         if updates:
             try:
                 await self.writer.append(updates)
             except Fenced:
-                return  # stepping down: the next leader gets them after their ack_wait
+                return False  # stepping down: the next leader gets them after ack_wait
             except Unavailable as exc:
                 log.warning("events not logged, will be redelivered: %s", exc)
-                for msg in msgs:
+                for msg, _ in chunk:
                     with contextlib.suppress(Exception):
                         await msg.nak(delay=0.5)
-                return
-        for msg in msgs:
+                return False
+        for msg, _ in chunk:
             with contextlib.suppress(Exception):
                 await msg.ack()
         if stale:
             await self._send_kills(stale)
-        self.wake()
+        return True

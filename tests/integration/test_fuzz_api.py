@@ -17,7 +17,7 @@ from coordinator.api import ENDPOINTS, MAX_REQUEST
 from coordinator.pools.tree import MAX_DESCRIPTION
 from mesh import subjects
 from mesh.codec import encode
-from mesh.schema import MAX_BATCH, NodeState, TaskEvent
+from mesh.schema import MAX_BATCH, NodeState, TaskEvent, TaskEventBatch
 from workloads.spec import MAX_YAML_NODES
 
 from .conftest import eventually
@@ -154,7 +154,10 @@ async def test_bad_states_and_events_are_dropped_and_counted(region):
     bad.append(encode(NodeState("n2", REGION, 1, 1.0)))  # speaks for another node
     for data in bad:
         await nc.publish(subjects.state(REGION, "n1"), data)
-    events = bad[:-1] + [encode(TaskEvent("n2", "j", "t", 0))]
+    events = bad[:-1] + [
+        encode(TaskEvent("n2", "j", "t", 0)),
+        encode(TaskEventBatch("n2", (TaskEvent("n2", "j", "t", 0),))),
+    ]
     for data in events:
         await nc.publish(subjects.events(REGION, "n1"), data)
     await nc.flush()

@@ -12,11 +12,19 @@ from collections import Counter, defaultdict
 import pytest
 from nats.js.api import ConsumerConfig
 
+import coordinator.leader as leader_module
 from agent.hollow import GiB, HollowNode, Inventory, inventory_mix
 from agent.link import EventPublisher
 from mesh import subjects
 from mesh.codec import decode, encode
-from mesh.schema import Assignment, NodeState, Resources, TaskEvent, TaskSpec
+from mesh.schema import (
+    Assignment,
+    NodeState,
+    Resources,
+    TaskEvent,
+    TaskSpec,
+    decode_task_events,
+)
 from mesh.streams import ensure_streams
 from workloads.generator import WorkloadConfig, describe, generate
 from workloads.lifecycle import TaskState
@@ -53,7 +61,10 @@ async def _assignment_consumers(nc) -> list:
     return await js.consumers_info(subjects.assign_stream(REGION))
 
 
-async def test_fleet_of_300_runs_500_simulated_tasks_each_once(region):
+async def test_fleet_of_300_runs_500_simulated_tasks_each_once(region, monkeypatch):
+    # Reports are logged 7 at a time, so a fetch of several messages (each with a node's
+    # events) is logged in parts, a part's messages acknowledged after its append.
+    monkeypatch.setattr(leader_module, "EVENTS_PER_APPEND", 7)
     await region.coordinator()
     t0 = time.monotonic()
     fleet = await region.fleet(300)
@@ -85,7 +96,8 @@ async def test_fleet_of_300_runs_500_simulated_tasks_each_once(region):
         states = [h["state"] for h in t["history"]]
         assert states.count("RUNNING") == 1 and states.count("SUCCEEDED") == 1, states
     assert fleet.counts["runs"] == 500 and fleet.counts["refused"] == 0
-    assert fleet.events.pending == 0
+    assert fleet.events.pending == 0 and fleet.events.acked == 1000
+    assert fleet.events.messages < 1000  # a node's ready events went together
     assert elapsed < 30, f"took {elapsed:.1f} s"
 
 
@@ -123,7 +135,7 @@ class Harness:
         except Exception:
             return self.events
         for m in msgs:
-            self.events.append(decode(TaskEvent, m.data))
+            self.events.extend(decode_task_events(m.data)[1])
             await m.ack()
         return self.events
 
@@ -248,7 +260,8 @@ async def test_a_deleted_consumer_is_put_back(region):
 
 async def test_events_wait_for_the_stream_in_order_per_attempt(nc):
     """Nothing takes the events at first (no stream): they are retried, and each
-    attempt's events are stored in the order they were sent."""
+    attempt's events are stored in the order they were sent, a node's ready events
+    together in one message."""
     js = nc.jetstream(timeout=5.0)
     pub = EventPublisher(js, REGION, retry_s=0.1)
     pub.start()
@@ -264,11 +277,15 @@ async def test_events_wait_for_the_stream_in_order_per_attempt(nc):
     psub = await js.pull_subscribe(
         subjects.events_all(REGION), durable="check", stream=subjects.events_stream(REGION)
     )
-    stored = []
+    stored, messages = [], 0
     while len(stored) < 400:
-        for m in await psub.fetch(400 - len(stored), timeout=2):
-            stored.append(decode(TaskEvent, m.data))
+        for m in await psub.fetch(400, timeout=2):
+            node_id, events = decode_task_events(m.data)
+            assert {ev.node_id for ev in events} == {node_id}
+            stored.extend(events)
+            messages += 1
             await m.ack()
+    assert len(stored) == 400 and messages < 100  # 7 nodes: a message per node per wave
     by_task = defaultdict(list)
     for ev in stored:
         by_task[ev.task_id].append(ev.state)

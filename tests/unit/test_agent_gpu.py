@@ -28,9 +28,9 @@ from agent.gpu import (
 from agent.probe import GpuInfo, GpuProbe, HostProbe, HostSample
 from agent.service import Agent, AgentConfig, _outcome
 from mesh import subjects
-from mesh.codec import decode, encode
+from mesh.codec import encode
 from mesh.connect import connect
-from mesh.schema import Assignment, Resources, TaskEvent, TaskSpec
+from mesh.schema import Assignment, Resources, TaskEvent, TaskSpec, decode_task_events
 from workloads.lifecycle import ENDED
 
 GiB = 1 << 30
@@ -390,7 +390,7 @@ async def test_agent_reports_watchdog_sets_env_and_fails_an_overusing_task(nats_
     events: list[TaskEvent] = []
 
     async def collect(msg) -> None:
-        events.append(decode(TaskEvent, msg.data))
+        events.extend(decode_task_events(msg.data)[1])
 
     await nc.subscribe(subjects.events_all("default"), cb=collect)
     try:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from mesh import codec
 from mesh.codec import MAX_DEPTH, MAX_MESSAGE, MAX_STR, WireError, to_wire
 from mesh.schema import (
+    MAX_EVENT_BATCH,
     Assignment,
     AssignmentBatch,
     ErrorCode,
@@ -36,11 +37,13 @@ from mesh.schema import (
     PoolsApplied,
     SubmitRequest,
     TaskEvent,
+    TaskEventBatch,
     TaskPlaced,
     TaskPreemptRequested,
     TaskSpec,
     TaskUpdated,
     decode,
+    decode_task_events,
     encode,
     error_reply,
     ok,
@@ -253,6 +256,10 @@ assignment_batch = st.builds(
     signature=st.binary(max_size=80),
 )
 
+task_event_batch = st.builds(
+    TaskEventBatch, node_id=text(64), events=st.lists(task_event, max_size=3).map(tuple)
+)
+
 STRATEGIES = {
     GpuProcessInfo: gpu_process,
     GpuStatus: gpu_status,
@@ -261,6 +268,7 @@ STRATEGIES = {
     Assignment: assignment,
     AssignmentBatch: assignment_batch,
     TaskEvent: task_event,
+    TaskEventBatch: task_event_batch,
     JobSubmitted: job_submitted,
     TaskPlaced: task_placed,
     TaskUpdated: task_updated,
@@ -1024,3 +1032,18 @@ def test_a_bad_changed_field_is_refused_as_in_a_whole_message(name, value):
     with pytest.raises(WireError) as changed:
         codec.with_changes(old, {name: value})
     assert changed.value.field == whole.value.field
+
+
+def test_a_node_s_events_travel_one_or_many_to_a_message():
+    one = TaskEvent("n1", "j", "j.w.0", 1, TaskState.RUNNING, 1.0)
+    two = TaskEvent("n1", "j", "j.w.1", 2, TaskState.SUCCEEDED, 2.0, exit_code=0)
+    assert decode_task_events(encode(one)) == ("n1", (one,))
+    assert decode_task_events(encode(TaskEventBatch("n1", (one, two)))) == ("n1", (one, two))
+    other = dataclasses.replace(two, node_id="n2")
+    with pytest.raises(WireError) as err:  # a node may only speak for itself
+        decode_task_events(encode(TaskEventBatch("n1", (one, other))))
+    assert err.value.field == "events[1].node_id"
+    with pytest.raises(WireError, match="limit"):
+        decode_task_events(encode(TaskEventBatch("n1", (one,) * (MAX_EVENT_BATCH + 1))))
+    with pytest.raises(WireError):
+        decode_task_events(msgpack.packb({"node_id": "n1", "events": [{"task_id": 3}]}))

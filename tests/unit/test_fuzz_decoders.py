@@ -31,7 +31,9 @@ from mesh.schema import (
     SubmitManyRequest,
     SubmitRequest,
     TaskEvent,
+    TaskEventBatch,
     decode_assignments,
+    decode_task_events,
 )
 from mesh.schema import (
     NodeState as NodeStateMsg,
@@ -75,6 +77,7 @@ def test_every_network_message_is_fuzzed():
     assert {
         schema.NodeState,
         schema.TaskEvent,
+        schema.TaskEventBatch,
         schema.Assignment,
         schema.AssignmentBatch,
         schema.LogEntry,
@@ -211,6 +214,7 @@ def test_receive_paths_drop_and_count_bad_messages(seed):
         for cls, path in (
             (fuzz.NodeState, recv.state),
             (fuzz.TaskEvent, recv.events),
+            (fuzz.TaskEventBatch, recv.events),
             (fuzz.Assignment, recv.assignment),
             (fuzz.AssignmentBatch, recv.assignment),
         ):
@@ -219,6 +223,9 @@ def test_receive_paths_drop_and_count_bad_messages(seed):
                 try:
                     if cls in (fuzz.Assignment, fuzz.AssignmentBatch):
                         valid = decode_assignments(data)  # what the feed decodes
+                    elif cls in (fuzz.TaskEvent, fuzz.TaskEventBatch):
+                        node_id, _ = decode_task_events(data)  # what the leader decodes
+                        valid = fuzz.TaskEventBatch(node_id)
                     else:
                         valid = decode(cls, data)
                 except WireError:
@@ -266,6 +273,13 @@ def test_bad_state_and_event_counters():
         assert await recv.state(other) and recv.coord.bad_states == 6
         ev = encode(TaskEvent("n2", "j", "t", 0))
         assert await recv.events(ev) and recv.leader.bad_events == 6
+        mine = TaskEvent("n1", "j", "t", 0)
+        for batch in (  # a batch for another node, or with another node's event in it
+            TaskEventBatch("n2", (dataclasses.replace(mine, node_id="n2"),)),
+            TaskEventBatch("n1", (mine, dataclasses.replace(mine, node_id="n2"))),
+        ):
+            assert await recv.events(encode(batch))
+        assert recv.leader.bad_events == 8
 
     _run(check())
 
