@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TypeVar
 
 from coordinator.cluster import ClusterView, NodeView
@@ -160,12 +161,19 @@ def _same(a: tuple, b: tuple) -> bool:
 def shape_of(job: JobRecord, group: TaskGroup) -> Shape:
     r = group.resources
     p = job.spec.placement
-    return Shape(
+    return _shape(
         (r.cpu, r.memory, r.disk, r.gpu, r.gpu_memory),
         group.simulate is not None,
         p.labels,
         p.gpu_isolation,
     )
+
+
+@lru_cache(maxsize=4096)
+def _shape(*fields) -> Shape:
+    """One object per shape: the placement core's maps then find it by identity, without
+    comparing its fields."""
+    return Shape(*fields)
 
 
 def gang_request(job: JobRecord, waited: float, config: PlacementConfig) -> GangRequest:

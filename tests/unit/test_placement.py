@@ -3,6 +3,7 @@ brute-force reference for the incremental shape cache, and worked cases."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from collections import Counter, defaultdict
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from coordinator import scheduling
 from coordinator.placement import (
     ISOLATION_LEVEL,
     PROFILES,
@@ -1040,3 +1042,27 @@ def test_commit_checks_each_gpu_not_just_the_node():
     taken = tuple(gpu(x.uuid, 16 * GiB, alloc=250 if x.uuid == p.gpu_uuids[0] else 0) for x in g)
     live = {"n": node("n", cpu=8000, gpus=taken)}
     assert commit(plan, gangs, live).placed == ()
+
+
+@given(
+    a=st.tuples(st.integers(0, 3), st.booleans(), st.sampled_from(["", "a"]), st.booleans()),
+    b=st.tuples(st.integers(0, 3), st.booleans(), st.sampled_from(["", "a"]), st.booleans()),
+)
+def test_a_shape_s_kept_hash_agrees_with_its_equality(a, b):
+    """Shapes key the core's maps by a hash computed once: equal shapes (however made,
+    replace included) must hash equal, and the scheduler hands out one object each."""
+
+    def make(cpu, simulated, label, isolated):
+        labels = (("k", label),) if label else ()
+        return Shape((cpu, 0, 0, 0, 0), simulated, labels, "mps" if isolated else "none")
+
+    x, y = make(*a), make(*b)
+    assert (x == y) == (a == b)
+    if x == y:
+        assert hash(x) == hash(y)
+    moved = dataclasses.replace(x, simulated=not x.simulated)
+    assert moved == make(a[0], not a[1], a[2], a[3]) and hash(moved) == hash(
+        make(a[0], not a[1], a[2], a[3])
+    )
+    fields = (x.resources, x.simulated, x.labels, x.isolation)
+    assert scheduling._shape(*fields) is scheduling._shape(*fields) == x
