@@ -88,7 +88,7 @@ class PlacementResult:
 class _ShapeArrays:
     dynamic: Pipeline
     static_ok: np.ndarray  # what the snapshot alone allows
-    static_score: np.ndarray  # static scores plus the tie-break
+    static_score: np.ndarray  # static scores plus the tie-break; -inf where not static_ok
     total: np.ndarray  # static + dynamic score where feasible, -inf elsewhere
     seen: int  # how much of the change log it reflects
     hot: int = -1  # the node it last chose by a full argmax (see Placer._pick)
@@ -139,7 +139,6 @@ class Placer:
 
     def _refresh(self, arr: _ShapeArrays, idx, shape: Shape) -> None:
         ok, values = arr.dynamic.run(self.w, idx, shape)
-        ok = ok & arr.static_ok[idx]  # (a filter may hand back a view)
         arr.total[idx] = np.where(ok, values + arr.static_score[idx], -np.inf)
 
     def _arrays(self, shape: Shape) -> np.ndarray:
@@ -149,7 +148,7 @@ class Placer:
             arr = _ShapeArrays(
                 pipeline(shape, self.profile, dynamic=True),
                 ok,
-                values + self.jitter,
+                np.where(ok, values + self.jitter, -np.inf),
                 np.empty(len(self.snap)),
                 len(self.changes),
             )

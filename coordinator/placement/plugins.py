@@ -306,7 +306,9 @@ class Pipeline:
             ok = ok & f(w, idx, shape)
         total = None
         for weight, fn in self.scores:
-            term = weight * fn(w, idx, shape)
+            term = fn(w, idx, shape)
+            if weight != 1.0:
+                term = weight * term
             total = term if total is None else total + term
         return ok, np.zeros(len(ok)) if total is None else total
 
