@@ -315,6 +315,11 @@ def _fast_event_encoder() -> Callable[[list[TaskEvent]], bytes]:
     return generic
 
 
+# A batch stays well inside the 1 MiB a message may have: an event's two texts may take
+# up to 32 KiB as UTF-8, so 64 of them may not.
+EVENT_BATCH_BYTES = 512 * 1024
+
+
 def _message_id(evs: list[TaskEvent]) -> str:
     """The stream's de-duplication id: the same for a message sent again (one event: its
     attempt and state; several: a digest of theirs)."""
@@ -434,10 +439,16 @@ class EventPublisher:
 
     async def _publish(self, loop, keys: list[tuple[str, str, int]]) -> None:
         evs = [self._chains[k][0] for k in keys]
+        data = self._encode(evs)
+        if len(data) > EVENT_BATCH_BYTES and len(keys) > 1:
+            half = len(keys) // 2  # long texts in many events: in parts, each in bounds
+            await self._publish(loop, keys[:half])
+            await self._publish(loop, keys[half:])
+            return
         try:
             fut = await self.js.publish_async(
                 subjects.events(self.region, evs[0].node_id),
-                self._encode(evs),
+                data,
                 stream=self.stream,
                 headers={"Nats-Msg-Id": _message_id(evs)},
             )

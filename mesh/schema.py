@@ -219,8 +219,7 @@ class TaskEvent:
     v: int = 1
 
 
-# Events of one node in one message: 64 of the largest (two 4 KiB texts each) fit well
-# within a message's 1 MiB.
+# Events of one node in one message (the agent also keeps a batch under 512 KiB).
 MAX_EVENT_BATCH = 64
 
 

@@ -293,6 +293,33 @@ async def test_events_wait_for_the_stream_in_order_per_attempt(nc):
     await pub.stop()
 
 
+async def test_a_node_s_events_with_long_texts_go_in_parts_within_the_message_limit(nc):
+    """64 events whose texts are as long as allowed, in 3-byte characters (32 KiB each
+    as UTF-8), would be 1.5 MiB in one message: the publisher sends them in parts, and
+    every one is stored."""
+    js = nc.jetstream(timeout=5.0)
+    await ensure_streams(js, REGION)
+    pub = EventPublisher(js, REGION)
+    text = "€" * 4096
+    for i in range(64):
+        pub.send(TaskEvent("n-1", "job-1", f"t-{i}", 1, TaskState.FAILED, 1.0, 1, None, text, text))
+    pub.start()
+    assert await pub.flush(15) and pub.acked == 64 and pub.retries == 0
+    psub = await js.pull_subscribe(
+        subjects.events_all(REGION), durable="check", stream=subjects.events_stream(REGION)
+    )
+    stored, sizes = [], []
+    while len(stored) < 64:
+        for m in await psub.fetch(64, timeout=2):
+            stored.extend(decode_task_events(m.data)[1])
+            sizes.append(len(m.data))
+            await m.ack()
+    assert sorted(ev.task_id for ev in stored) == sorted(f"t-{i}" for i in range(64))
+    assert 1 < len(sizes) < 64 and max(sizes) <= 512 * 1024
+    assert all(ev.log_tail == text and ev.message == text for ev in stored)
+    await pub.stop()
+
+
 @pytest.mark.slow
 async def test_heartbeats_are_spread_over_the_period(region):
     seen: list[tuple[float, str]] = []
