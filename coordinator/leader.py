@@ -54,9 +54,11 @@ EVENTS_ACK_WAIT_S = 3.0
 # so it bounds the reports taken per second (512 left 25,000 waiting; 2,000 left RUNNING
 # 25 s behind placement, 10,000 about 8 s).
 EVENTS_BATCH = 10_000
-# Reports logged per append (a message may carry up to MAX_EVENT_BATCH of one node's):
-# 10,000 hold the loop for about 0.2 s while they are decoded, and again while their
-# entry is encoded and folded (measured in process).
+# Reports logged per append, and about as many taken per fetch (a message may carry up
+# to MAX_EVENT_BATCH of one node's, so the next fetch asks for as many messages as held
+# this many reports in the last): 10,000 hold the loop for about 0.2 s while they are
+# decoded, and again while their entry is encoded and folded (measured in process). A
+# fetch of more waits in parts, and its last part could pass the 3 s ack_wait.
 EVENTS_PER_APPEND = 10_000
 PUBLISH_TIMEOUT_S = 10.0
 BATCH_BYTES = 512 * 1024  # a batch stays well inside the 1 MiB a message may have
@@ -395,11 +397,12 @@ class Leader:
 
     async def _handle_events(self, msgs) -> None:
         chunk: list[tuple[object, tuple[TaskEvent, ...]]] = []
-        count = 0
+        count = total = 0
         for k, msg in enumerate(msgs):
             events = self._events_of(msg)
             chunk.append((msg, events))
             count += len(events)
+            total += len(events)
             if count >= EVENTS_PER_APPEND or k == len(msgs) - 1:
                 if not await self._log_reports(chunk):
                     for later in msgs[k + 1 :]:
@@ -407,6 +410,9 @@ class Leader:
                             await later.nak(delay=0.5)
                     return
                 chunk, count = [], 0
+        if self._events is not None and msgs:
+            per_message = max(total / len(msgs), 1.0)
+            self._events.batch = max(1, min(EVENTS_BATCH, int(EVENTS_PER_APPEND / per_message)))
         self.wake()
 
     def _events_of(self, msg) -> tuple[TaskEvent, ...]:

@@ -63,9 +63,10 @@ async def _assignment_consumers(nc) -> list:
 
 async def test_fleet_of_300_runs_500_simulated_tasks_each_once(region, monkeypatch):
     # Reports are logged 7 at a time, so a fetch of several messages (each with a node's
-    # events) is logged in parts, a part's messages acknowledged after its append.
+    # events) is logged in parts, a part's messages acknowledged after its append, and
+    # later fetches ask for fewer messages.
     monkeypatch.setattr(leader_module, "EVENTS_PER_APPEND", 7)
-    await region.coordinator()
+    coord = await region.coordinator()
     t0 = time.monotonic()
     fleet = await region.fleet(300)
     await region.ready(300)
@@ -98,6 +99,8 @@ async def test_fleet_of_300_runs_500_simulated_tasks_each_once(region, monkeypat
     assert fleet.counts["runs"] == 500 and fleet.counts["refused"] == 0
     assert fleet.events.pending == 0 and fleet.events.acked == 1000
     assert fleet.events.messages < 1000  # a node's ready events went together
+    # and the leader asks for about 7 reports' worth of messages per fetch
+    assert 1 <= coord.leader._events.batch <= 7
     assert elapsed < 30, f"took {elapsed:.1f} s"
 
 
