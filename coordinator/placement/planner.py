@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import numpy as np
-
 from coordinator.placement.core import GangRequest, Placement, PlacementResult
-from coordinator.placement.plugins import Shape
+from coordinator.placement.plugins import Shape, request
 from coordinator.placement.snapshot import WHOLE, NodeInfo, Snapshot, Working
 
 
@@ -32,42 +30,53 @@ def commit(
     accepted: list[Placement] = []
     unplaced = dict(plan.unplaced)
     for job_id, placements in by_job.items():
-        rows = {w.snap.index[p.node_id] for p in placements if p.node_id in w.snap.index}
-        saved = {i: (w.free[i].copy(), w.g_alloc[i].copy(), w.g_free_mem[i].copy()) for i in rows}
-        conflict = next((p for p in placements if not _take(w, p, shapes[p.task_id])), None)
+        taken: list[tuple[int, Shape, list[int]]] = []
+        conflict = None
+        for p in placements:
+            took = _take(w, p, shapes[p.task_id])
+            if took is None:
+                conflict = p
+                break
+            taken.append(took)
         if conflict is None:
             accepted.extend(placements)
             continue
-        for i, (free, g_alloc, g_free_mem) in saved.items():
-            w.free[i], w.g_alloc[i], w.g_free_mem[i] = free, g_alloc, g_free_mem
+        for i, shape, slots in reversed(taken):
+            _book(w, i, shape, slots, -1)  # the job's earlier placements, given back
         unplaced[job_id] = (
             f"node {conflict.node_id} changed since the placement snapshot; placing again"
         )
     return PlacementResult(tuple(accepted), unplaced, plan.line_held_by)
 
 
-def _take(w: Working, p: Placement, shape: Shape) -> bool:
+def _take(w: Working, p: Placement, shape: Shape) -> tuple[int, Shape, list[int]] | None:
+    """Book `p` on the live rows if it still fits: (row, shape, GPU slots), or None."""
     i = w.snap.index.get(p.node_id)
     if i is None:
-        return False
-    need = np.asarray(shape.resources)
+        return None
+    need = request(shape)
     if (w.free[i] < need).any():
-        return False
+        return None
     uuids = w.snap.g_uuid[i]
     each = shape.gpu if shape.fractional else WHOLE
     slots = []
     for uuid in p.gpu_uuids:
         if uuid not in uuids:
-            return False
+            return None
         j = uuids.index(uuid)
         fits = w.g_free_mem[i, j] >= shape.gpu_memory_each and (
             w.g_alloc[i, j] + each <= WHOLE if shape.fractional else w.g_alloc[i, j] == 0
         )
         if not fits:
-            return False
+            return None
         slots.append(j)
-    w.free[i] -= need
+    _book(w, i, shape, slots, +1)
+    return i, shape, slots
+
+
+def _book(w: Working, i: int, shape: Shape, slots: list[int], sign: int) -> None:
+    w.free[i] -= sign * request(shape)
+    each = shape.gpu if shape.fractional else WHOLE
     for j in slots:
-        w.g_alloc[i, j] += each
-        w.g_free_mem[i, j] -= shape.gpu_memory_each
-    return True
+        w.g_alloc[i, j] += sign * each
+        w.g_free_mem[i, j] -= sign * shape.gpu_memory_each

@@ -20,6 +20,7 @@ from coordinator.placement import (
     GangRequest,
     GpuSlot,
     NodeInfo,
+    Placement,
     PlacementResult,
     Placer,
     Profile,
@@ -1030,6 +1031,19 @@ def test_commit_drops_a_job_whose_node_shrank_and_keeps_the_rest():
     del live[shrunk]
     assert set(commit(plan, gangs, live).unplaced) == {"x"}
     assert commit(plan, gangs, {n.node_id: n for n in nodes}) == plan
+
+
+def test_a_job_the_commit_drops_gives_back_what_it_had_taken_for_the_next():
+    x0, x1, y0 = task("x.0", cpu=3000), task("x.1", cpu=3000), task("y.0", cpu=4000)
+    gangs = [gang("x", x0, x1), gang("y", y0)]
+    plan = PlacementResult(
+        (Placement("x", "x.0", "a"), Placement("x", "x.1", "b"), Placement("y", "y.0", "a")),
+        {},
+    )
+    live = {"a": node("a", cpu=5000), "b": node("b", cpu=2000)}  # b shrank: x fails there
+    result = commit(plan, gangs, live)
+    assert result.placed == (Placement("y", "y.0", "a"),)  # fits only with x's share back
+    assert set(result.unplaced) == {"x"}
 
 
 def test_commit_checks_each_gpu_not_just_the_node():
