@@ -412,14 +412,14 @@ def _dataclass_conv(cls: type) -> Converter:
         meta = {k: v for k, v in f.metadata.items() if v is not None}
         fields.append((f.name, has_default, hints[f.name], meta))
     names = tuple(f[0] for f in fields)
-    compiled: dict[str, tuple[bool, Converter, Callable[[Any], bool] | None]] = {}
+    compiled: dict[str, tuple[Converter, Callable[[Any], bool] | None]] = {}
 
     def field_value(name: str, v: Any, path: str) -> Any:
         if not compiled:  # lazily: a dataclass may name types defined after it
-            for n, d, t, m in fields:
+            for n, _, t, m in fields:
                 c = _converter(t, m)
-                compiled[n] = (d, c, getattr(c, "ok", None))
-        _, c, ok = compiled[name]
+                compiled[n] = (c, getattr(c, "ok", None))
+        c, ok = compiled[name]
         # A value the converter would return unchanged skips it (and the path).
         return v if ok is not None and ok(v) else c(v, f"{path}.{name}" if path else name)
 
