@@ -366,6 +366,7 @@ class EventPublisher:
         self.messages = 0  # stream messages that carried them
         self._chains: dict[tuple[str, str, int], deque[TaskEvent]] = {}
         self._ready: deque[tuple[str, str, int]] = deque()
+        self._resend: deque[list[tuple[str, str, int]]] = deque()  # groups to send again
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -409,6 +410,7 @@ class EventPublisher:
         await cancel_and_wait(self._task)
         self._task = None
         self._ready.clear()
+        self._resend.clear()
         self._chains.clear()
         self._idle.set()
 
@@ -417,8 +419,10 @@ class EventPublisher:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._ready:
-                for keys in self._take_ready():
+            while self._ready or self._resend:
+                groups = [*self._resend, *self._take_ready()]
+                self._resend.clear()
+                for keys in groups:
                     await self._publish(loop, keys)
 
     def _take_ready(self) -> list[list[tuple[str, str, int]]]:
@@ -488,15 +492,16 @@ class EventPublisher:
             self._idle.set()
 
     def _retry_later(self, loop, keys) -> None:
-        """Sent again together, in the same order: unless more of the node's events
-        became ready meanwhile, the same message with the same de-duplication id."""
+        """Sent again as the same group: the same message with the same de-duplication
+        id, so if the first copy did land the server drops this one (regrouped with
+        events that became ready meanwhile, it would land twice)."""
         self.retries += 1
 
         def again() -> None:
             self._timers.discard(handle)
             live = [k for k in keys if k in self._chains]
             if live:
-                self._ready.extend(live)
+                self._resend.append(live)
                 self._wake.set()
 
         handle = loop.call_later(self.retry_s, again)

@@ -18,7 +18,7 @@ from coordinator.pooling import PoolView, admitted_jobs, pool_view
 from coordinator.scheduling import PlacementConfig, place_jobs, snapshot, window
 from coordinator.state import HOLDING, JobRecord, RegionState, TaskRecord
 from mesh.schema import LogEvent, TaskEvent, TaskPlaced, TaskUpdated
-from workloads.lifecycle import ENDED, FINAL, TaskState
+from workloads.lifecycle import ENDED, FINAL, TaskState, can_transition
 from workloads.resources import Resources
 
 DEFAULT_PLACEMENT = PlacementConfig()
@@ -71,10 +71,11 @@ def agent_event(state: RegionState, ev: TaskEvent) -> TaskUpdated | Kill | None:
         new_state, message = ev.state, ev.message
         if new_state == TaskState.KILLED and t.preempt_reason:
             new_state, message = TaskState.PREEMPTED, t.preempt_reason
-        if new_state == t.state:
-            # The log has it already: an event redelivered to a new leader after the old
-            # one logged it but died before acknowledging it. Logged twice, the attempt
-            # would read as having started twice.
+        if new_state == t.state or not can_transition(t.state, new_state):
+            # The log has it already (an event redelivered to a new leader after the old
+            # one logged it but died before acknowledging it), or a later one of the same
+            # attempt (that RUNNING redelivered after its SUCCEEDED was logged). Logged,
+            # the attempt would read as having started twice; the fold ignores it anyway.
             return None
         return TaskUpdated(
             ev.job_id,

@@ -694,6 +694,11 @@ def test_agent_events_become_log_updates_preemptions_or_stale_kills():
     # An ended stale copy, or an unknown task: nothing to do.
     assert agent_event(log.state, TaskEvent("b", "j", "j.w.0", 1, S.FAILED, 5.0)) is None
     assert agent_event(log.state, TaskEvent("a", "x", "x.w.0", 1, S.RUNNING, 5.0)) is None
+    # A RUNNING redelivered after the attempt's SUCCEEDED was logged: not logged again.
+    log.submit("k", count=1)
+    log.run("k.w.0", "a")
+    log.update("k.w.0", S.SUCCEEDED, exit_code=0)
+    assert agent_event(log.state, TaskEvent("a", "k", "k.w.0", 1, S.RUNNING, 6.0)) is None
 
 
 def beat(node_id: str, seq: int, ts: float, tasks: tuple[str, ...] = ()) -> NodeView:
