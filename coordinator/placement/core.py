@@ -29,6 +29,7 @@ from coordinator.placement.plugins import (
     Pipeline,
     Profile,
     Shape,
+    book,
     choose_gpus,
     copies_fitting,
     gpu_fits,
@@ -36,7 +37,7 @@ from coordinator.placement.plugins import (
     rejections,
     request,
 )
-from coordinator.placement.snapshot import WHOLE, Snapshot, Working
+from coordinator.placement.snapshot import Snapshot, Working
 from workloads.quantity import format_bytes, format_cpu, format_gpu
 
 JOB_TERM_WEIGHT = 4.0  # spread/pack outweigh every profile score (each about 0..1)
@@ -269,11 +270,7 @@ class Placer:
         undo = None
         if keep:
             undo = _Undo(i, w.free[i].copy(), w.g_alloc[i].copy(), w.g_free_mem[i].copy())
-        w.free[i] -= request(shape)
-        each = shape.gpu if shape.fractional else WHOLE
-        for j in slots:
-            w.g_alloc[i, j] += each
-            w.g_free_mem[i, j] -= shape.gpu_memory_each
+        book(w, i, shape, slots)
         self._changed(i)
         return undo
 

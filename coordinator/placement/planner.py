@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from coordinator.placement.core import GangRequest, Placement, PlacementResult
-from coordinator.placement.plugins import Shape, request
-from coordinator.placement.snapshot import WHOLE, NodeInfo, Snapshot, Working
+from coordinator.placement.plugins import Shape, book, gpu_fits, request
+from coordinator.placement.snapshot import NodeInfo, Snapshot, Working
 
 
 def commit(
@@ -30,7 +30,7 @@ def commit(
     accepted: list[Placement] = []
     unplaced = dict(plan.unplaced)
     for job_id, placements in by_job.items():
-        taken: list[tuple[int, Shape, list[int]]] = []
+        taken: list[tuple[int, Shape, tuple[int, ...]]] = []
         conflict = None
         for p in placements:
             took = _take(w, p, shapes[p.task_id])
@@ -42,41 +42,24 @@ def commit(
             accepted.extend(placements)
             continue
         for i, shape, slots in reversed(taken):
-            _book(w, i, shape, slots, -1)  # the job's earlier placements, given back
+            book(w, i, shape, slots, -1)  # the job's earlier placements, given back
         unplaced[job_id] = (
             f"node {conflict.node_id} changed since the placement snapshot; placing again"
         )
     return PlacementResult(tuple(accepted), unplaced, plan.line_held_by)
 
 
-def _take(w: Working, p: Placement, shape: Shape) -> tuple[int, Shape, list[int]] | None:
-    """Book `p` on the live rows if it still fits: (row, shape, GPU slots), or None."""
+def _take(w: Working, p: Placement, shape: Shape) -> tuple[int, Shape, tuple[int, ...]] | None:
+    """Book `p` on the live rows if it still fits, by the placement filters' own GPU
+    test: (row, shape, GPU slots), or None."""
     i = w.snap.index.get(p.node_id)
-    if i is None:
-        return None
-    need = request(shape)
-    if (w.free[i] < need).any():
+    if i is None or (w.free[i] < request(shape)).any():
         return None
     uuids = w.snap.g_uuid[i]
-    each = shape.gpu if shape.fractional else WHOLE
-    slots = []
-    for uuid in p.gpu_uuids:
-        if uuid not in uuids:
-            return None
-        j = uuids.index(uuid)
-        fits = w.g_free_mem[i, j] >= shape.gpu_memory_each and (
-            w.g_alloc[i, j] + each <= WHOLE if shape.fractional else w.g_alloc[i, j] == 0
-        )
-        if not fits:
-            return None
-        slots.append(j)
-    _book(w, i, shape, slots, +1)
+    if any(u not in uuids for u in p.gpu_uuids):
+        return None
+    slots = tuple(uuids.index(u) for u in p.gpu_uuids)
+    if slots and not gpu_fits(w, slice(i, i + 1), shape)[0][list(slots)].all():
+        return None
+    book(w, i, shape, slots)
     return i, shape, slots
-
-
-def _book(w: Working, i: int, shape: Shape, slots: list[int], sign: int) -> None:
-    w.free[i] -= sign * request(shape)
-    each = shape.gpu if shape.fractional else WHOLE
-    for j in slots:
-        w.g_alloc[i, j] += sign * each
-        w.g_free_mem[i, j] -= sign * shape.gpu_memory_each

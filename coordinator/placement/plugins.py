@@ -123,6 +123,16 @@ def choose_gpus(w: Working, i: int, shape: Shape) -> tuple[int, ...]:
     return tuple(int(j) for j in order[: shape.whole_gpus])
 
 
+def book(w: Working, i: int, shape: Shape, slots: tuple[int, ...], sign: int = 1) -> None:
+    """Take (sign 1) or give back (sign -1) one task of `shape` on node `i` and its GPU
+    `slots`: the one way a placement changes what is free, for the core and the commit."""
+    w.free[i] -= sign * request(shape)
+    each = shape.gpu if shape.fractional else WHOLE
+    for j in slots:
+        w.g_alloc[i, j] += sign * each
+        w.g_free_mem[i, j] -= sign * shape.gpu_memory_each
+
+
 def copies_fitting(w: Working, shape: Shape) -> np.ndarray:
     """Per node, how many more tasks of this shape its free node-level resources hold
     (GPU slots aside): what `pack` uses to open the roomiest node first."""

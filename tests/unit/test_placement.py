@@ -1058,6 +1058,17 @@ def test_commit_checks_each_gpu_not_just_the_node():
     assert commit(plan, gangs, live).placed == ()
 
 
+def test_commit_refuses_a_gpu_that_no_longer_delivers_the_isolation_asked():
+    mps = (gpu("g0", 16 * GiB, enforcement="mps"),)
+    gangs = [gang("j", task("j.0", 100, gpu=500, gpu_memory=GiB, isolation="mps"))]
+    plan = place(Snapshot([node("n", cpu=8000, gpus=mps)]), gangs)
+    assert len(plan.placed) == 1
+    assert commit(plan, gangs, {"n": node("n", cpu=8000, gpus=mps)}) == plan
+    # the MPS daemon went away since the snapshot: only the watchdog is delivered now
+    watchdog = (gpu("g0", 16 * GiB, enforcement="watchdog"),)
+    assert commit(plan, gangs, {"n": node("n", cpu=8000, gpus=watchdog)}).placed == ()
+
+
 @given(
     a=st.tuples(st.integers(0, 3), st.booleans(), st.sampled_from(["", "a"]), st.booleans()),
     b=st.tuples(st.integers(0, 3), st.booleans(), st.sampled_from(["", "a"]), st.booleans()),
