@@ -23,7 +23,7 @@ import contextlib
 import hashlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import msgpack
 from nats.js import JetStreamContext
@@ -330,6 +330,19 @@ def _message_id(evs: list[TaskEvent]) -> str:
     return f"{evs[0].node_id}:batch:{digest}"
 
 
+def by_node(keys: Iterable[tuple[str, str, int]], most: int) -> list[list[tuple[str, str, int]]]:
+    """Ready attempts (node, task, attempt) grouped by node in the order they became
+    ready, at most `most` a group: a message's worth each. An attempt listed twice goes
+    once."""
+    groups: dict[str, list[list[tuple[str, str, int]]]] = {}
+    for key in dict.fromkeys(keys):
+        node = groups.setdefault(key[0], [[]])
+        if len(node[-1]) == most:
+            node.append([])
+        node[-1].append(key)
+    return [keys for node in groups.values() for keys in node]
+
+
 class EventPublisher:
     """Task events of many nodes, published concurrently over one connection.
 
@@ -426,20 +439,9 @@ class EventPublisher:
                     await self._publish(loop, keys)
 
     def _take_ready(self) -> list[list[tuple[str, str, int]]]:
-        """Every ready attempt, grouped by node in the order they became ready: a
-        message's worth each."""
-        groups: dict[str, list[list[tuple[str, str, int]]]] = {}
-        seen = set()
-        while self._ready:
-            key = self._ready.popleft()
-            if key in seen or not self._chains.get(key):
-                continue
-            seen.add(key)
-            node = groups.setdefault(key[0], [[]])
-            if len(node[-1]) == MAX_EVENT_BATCH:
-                node.append([])
-            node[-1].append(key)
-        return [keys for node in groups.values() for keys in node]
+        ready = [k for k in self._ready if self._chains.get(k)]
+        self._ready.clear()
+        return by_node(ready, MAX_EVENT_BATCH)
 
     async def _publish(self, loop, keys: list[tuple[str, str, int]]) -> None:
         evs = [self._chains[k][0] for k in keys]

@@ -18,7 +18,14 @@ from nats.js.api import ConsumerConfig
 
 from coordinator.joblog import Fenced, LogWriter, Unavailable
 from coordinator.pooling import PoolView, preemptions
-from coordinator.reconcile import Kill, agent_event, reconcile, still_placed
+from coordinator.reconcile import (
+    Kill,
+    agent_event,
+    reconcile,
+    report_parts,
+    reports_fetch,
+    still_placed,
+)
 from coordinator.state import TaskRecord
 from mesh import subjects
 from mesh.codec import WireError, encode
@@ -396,23 +403,16 @@ class Leader:
         )
 
     async def _handle_events(self, msgs) -> None:
-        chunk: list[tuple[object, tuple[TaskEvent, ...]]] = []
-        count = total = 0
-        for k, msg in enumerate(msgs):
-            events = self._events_of(msg)
-            chunk.append((msg, events))
-            count += len(events)
-            total += len(events)
-            if count >= EVENTS_PER_APPEND or k == len(msgs) - 1:
-                if not await self._log_reports(chunk):
-                    for later in msgs[k + 1 :]:
-                        with contextlib.suppress(Exception):
-                            await later.nak(delay=0.5)
-                    return
-                chunk, count = [], 0
-        if self._events is not None and msgs:
-            per_message = max(total / len(msgs), 1.0)
-            self._events.batch = max(1, min(EVENTS_BATCH, int(EVENTS_PER_APPEND / per_message)))
+        decoded = [self._events_of(msg) for msg in msgs]
+        for part in report_parts([len(events) for events in decoded], EVENTS_PER_APPEND):
+            if not await self._log_reports([(msgs[k], decoded[k]) for k in part]):
+                for later in msgs[part.stop :]:
+                    with contextlib.suppress(Exception):
+                        await later.nak(delay=0.5)
+                return
+        if self._events is not None:
+            reports = sum(map(len, decoded))
+            self._events.batch = reports_fetch(reports, len(msgs), EVENTS_PER_APPEND, EVENTS_BATCH)
         self.wake()
 
     def _events_of(self, msg) -> tuple[TaskEvent, ...]:

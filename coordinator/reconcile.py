@@ -7,7 +7,7 @@ nothing changes, so each rule here only needs to take one step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.changes import Mark
@@ -98,6 +98,29 @@ def agent_event(state: RegionState, ev: TaskEvent) -> TaskUpdated | Kill | None:
         ev.attempt,
         "stale copy: this attempt is no longer assigned to this node",
     )
+
+
+def report_parts(sizes: Sequence[int], limit: int) -> list[range]:
+    """Consecutive messages of agent reports (`sizes`: how many each carries) cut into
+    parts logged one append each: a part ends at the message that brings it to `limit`
+    reports, or at the last. A message is never split: its acknowledgement covers all
+    of it."""
+    parts, start, count = [], 0, 0
+    for k, n in enumerate(sizes):
+        count += n
+        if count >= limit or k == len(sizes) - 1:
+            parts.append(range(start, k + 1))
+            start, count = k + 1, 0
+    return parts
+
+
+def reports_fetch(reports: int, messages: int, limit: int, most: int) -> int:
+    """How many messages the next fetch of agent reports asks for: about `limit`
+    reports' worth at the last fetch's reports per message, 1 to `most`. A message may
+    carry many of a node's reports, and a fetch logged in many parts could outlast the
+    ack_wait of its last part."""
+    per_message = max(reports / messages, 1.0) if messages else 1.0
+    return max(1, min(most, int(limit / per_message)))
 
 
 def still_placed(state: RegionState, keys: Iterable[tuple[str, int]]) -> list[TaskRecord]:

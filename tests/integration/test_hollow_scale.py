@@ -14,7 +14,7 @@ from nats.js.api import ConsumerConfig
 
 import coordinator.leader as leader_module
 from agent.hollow import GiB, HollowNode, Inventory, inventory_mix
-from agent.link import EventPublisher
+from agent.link import EventPublisher, by_node
 from mesh import subjects
 from mesh.codec import decode, encode
 from mesh.schema import (
@@ -259,6 +259,16 @@ async def test_a_deleted_consumer_is_put_back(region):
 
     await eventually(done, timeout=15)
     assert h.states("t-after") == ["RUNNING", "SUCCEEDED"]
+
+
+def test_ready_attempts_go_by_node_in_order_a_message_s_worth_at_a_time():
+    keys = [("a", "t1", 1), ("b", "t2", 1), ("a", "t3", 1), ("a", "t1", 1), ("a", "t4", 2)]
+    assert by_node(keys, 2) == [
+        [("a", "t1", 1), ("a", "t3", 1)],
+        [("a", "t4", 2)],
+        [("b", "t2", 1)],
+    ]
+    assert by_node([], 64) == []
 
 
 async def test_events_wait_for_the_stream_in_order_per_attempt(nc):

@@ -11,7 +11,15 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from coordinator.cluster import DOWN, READY, SUSPECT, ClusterView, NodeView
-from coordinator.reconcile import FORGOTTEN_AFTER_S, Decisions, Kill, agent_event, reconcile
+from coordinator.reconcile import (
+    FORGOTTEN_AFTER_S,
+    Decisions,
+    Kill,
+    agent_event,
+    reconcile,
+    report_parts,
+    reports_fetch,
+)
 from coordinator.state import HOLDING, RegionState
 from mesh.schema import (
     JobKillRequested,
@@ -1056,3 +1064,23 @@ def test_a_copy_made_stale_under_an_unchanged_heartbeat_is_still_killed(monkeypa
     nodes.observe(dataclasses.replace(listed, seq=3, ts=2.0), HEARD + 2)  # still listed
     d = log.decide(nodes, NOW + 2)
     assert [(k.node_id, k.task_id, k.attempt) for k in d.kills] == [("n1", "j.w.0", 1)]
+
+
+@given(st.lists(st.integers(0, 64), max_size=60), st.integers(1, 200))
+def test_report_parts_cover_every_message_once_in_order_and_stay_near_the_limit(sizes, limit):
+    parts = report_parts(sizes, limit)
+    assert [k for part in parts for k in part] == list(range(len(sizes)))
+    for part in parts:
+        counts = [sizes[k] for k in part]
+        # a part passes the limit only by its last message, and stops short of it only
+        # at the end of the fetch
+        assert sum(counts[:-1]) < limit
+        assert sum(counts) >= limit or part.stop == len(sizes)
+
+
+def test_a_fetch_asks_for_about_a_part_s_worth_of_messages():
+    assert reports_fetch(10_000, 10_000, 10_000, 10_000) == 10_000  # one report each
+    assert reports_fetch(64_000, 1_000, 10_000, 10_000) == 156  # 64 a message
+    assert reports_fetch(0, 5, 10_000, 10_000) == 10_000  # only bad messages
+    assert reports_fetch(0, 0, 10_000, 500) == 500
+    assert reports_fetch(10**9, 1, 10_000, 10_000) == 1
