@@ -32,10 +32,8 @@ from coordinator.placement.plugins import (
     book,
     choose_gpus,
     copies_fitting,
-    gpu_fits,
     pipeline,
     rejections,
-    request,
 )
 from coordinator.placement.snapshot import Snapshot, Working
 from workloads.quantity import format_bytes, format_cpu, format_gpu
@@ -43,6 +41,9 @@ from workloads.quantity import format_bytes, format_cpu, format_gpu
 JOB_TERM_WEIGHT = 4.0  # spread/pack outweigh every profile score (each about 0..1)
 TIE_BREAK = 1e-6
 FULL_REFRESH = 0.25  # past this share of nodes changed, rescore all of them
+# Up to this many changed nodes are rescored one by one with the plugins' scalar twins
+# (a node costs about what numpy's per-call overhead costs for one ufunc).
+SCALAR_REFRESH = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +143,13 @@ class Placer:
         ok, values = arr.dynamic.run(self.w, idx, shape)
         arr.total[idx] = np.where(ok, values + arr.static_score[idx], -np.inf)
 
+    def _refresh_one(self, arr: _ShapeArrays, i: int, shape: Shape) -> None:
+        if not arr.dynamic.scalar:
+            self._refresh(arr, slice(i, i + 1), shape)
+            return
+        value = arr.dynamic.run_one(self.w.row(i), shape)
+        arr.total[i] = -np.inf if value is None else value + arr.static_score[i]
+
     def _arrays(self, shape: Shape) -> np.ndarray:
         arr = self.shapes.get(shape)
         if arr is None:
@@ -159,13 +167,16 @@ class Placer:
             # Only nodes the shape's static filters allow: elsewhere -inf stands whatever
             # changed.
             stale = self.changes[arr.seen :]
-            if len(stale) == 1 or len(set(stale)) == 1:
-                if arr.static_ok[stale[0]]:
-                    self._refresh(arr, slice(stale[0], stale[0] + 1), shape)
+            nodes = set(stale) if len(stale) > 1 else stale
+            if len(nodes) <= SCALAR_REFRESH:
+                static_ok = arr.static_ok
+                for i in nodes:
+                    if static_ok[i]:
+                        self._refresh_one(arr, i, shape)
             elif len(stale) > FULL_REFRESH * len(self.snap):
                 self._refresh(arr, self.all, shape)
             else:
-                idx = np.array(sorted(set(stale)), dtype=np.int64)
+                idx = np.array(sorted(nodes), dtype=np.int64)
                 idx = idx[arr.static_ok[idx]]
                 if len(idx):
                     self._refresh(arr, idx, shape)
@@ -239,7 +250,7 @@ class Placer:
                 arr.seen == len(self.changes)
                 or (self._run_node == arr.hot and self._run_start <= arr.seen)
             )
-            and self._fits(arr.hot, shape)
+            and self._fits(arr.hot, arr, shape)
         ):
             return arr.hot
         total = self._candidates(shape, gang, terms)
@@ -253,12 +264,12 @@ class Placer:
             self.shapes[shape].hot = i
         return i
 
-    def _fits(self, i: int, shape: Shape) -> bool:
-        if not (self.w.free[i] >= request(shape)).all():
-            return False
-        if shape.gpu:
-            return int(gpu_fits(self.w, slice(i, i + 1), shape)[0].sum()) >= shape.whole_gpus
-        return True
+    def _fits(self, i: int, arr: _ShapeArrays, shape: Shape) -> bool:
+        """Whether node `i` passes the shape's dynamic filters (its static ones it passed
+        when it was chosen)."""
+        if arr.dynamic.scalar:
+            return arr.dynamic.fits_one(self.w.row(i), shape)
+        return bool(arr.dynamic.run(self.w, slice(i, i + 1), shape)[0][0])
 
     def _changed(self, i: int) -> None:
         if i != self._run_node:

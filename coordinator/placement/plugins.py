@@ -2,7 +2,9 @@
 
 Every plugin is vectorised over a subset of nodes (`idx`, an index array into the
 snapshot), so the core evaluates a whole region with a few numpy operations and
-refreshes just the nodes a placement changed with the same code. A request's class
+refreshes just the nodes a placement changed with the same code (or, for one node, with
+the dynamic plugins' scalar twins, `*_one`, which give bit-for-bit the same numbers: a
+test holds them equal). A request's class
 (`Shape`: what it asks for and where it may go) is what plugins see; tasks of one shape
 share their filter and score arrays.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from operator import ge
 
 import numpy as np
 
@@ -27,12 +30,14 @@ from coordinator.placement.snapshot import (
     ISOLATION_LEVEL,
     KINDS,
     WHOLE,
+    NodeRow,
     Working,
 )
 from workloads.quantity import format_bytes, format_gpu
 from workloads.resources import gpu_share
 
 OVERLOAD_PENALTY = 2.0  # per unit of measured utilisation beyond a whole GPU
+_NO_ROOM = float("-inf")
 Index = np.ndarray | slice  # a set of node rows; a slice for one node is a cheap view
 
 
@@ -48,36 +53,32 @@ class Shape:
     simulated: bool = False
     labels: tuple[tuple[str, str], ...] = ()
     isolation: str = "none"
+    # Derived once, as the hash is: plugins read them per node refreshed.
     _hash: int = field(init=False, repr=False, compare=False)
+    gpu: int = field(init=False, repr=False, compare=False)
+    fractional: bool = field(init=False, repr=False, compare=False)
+    whole_gpus: int = field(init=False, repr=False, compare=False)
+    gpu_memory_each: int = field(init=False, repr=False, compare=False)  # asked of each GPU
+    level: int = field(init=False, repr=False, compare=False)  # isolation's ISOLATION_LEVEL
 
     def __post_init__(self) -> None:
         fields = (self.resources, self.simulated, self.labels, self.isolation)
-        object.__setattr__(self, "_hash", hash(fields))
+        gpu = self.resources[GPU]
+        fractional = 0 < gpu < WHOLE
+        whole = gpu // WHOLE if gpu >= WHOLE else 0
+        each = gpu_share(gpu, self.resources[GPU_MEMORY], 1 if fractional else whole)[1]
+        for name, value in (
+            ("_hash", hash(fields)),
+            ("gpu", gpu),
+            ("fractional", fractional),
+            ("whole_gpus", whole),
+            ("gpu_memory_each", each),
+            ("level", ISOLATION_LEVEL[self.isolation]),
+        ):
+            object.__setattr__(self, name, value)
 
     def __hash__(self) -> int:
         return self._hash
-
-    @property
-    def gpu(self) -> int:
-        return self.resources[GPU]
-
-    @property
-    def fractional(self) -> bool:
-        return 0 < self.gpu < WHOLE
-
-    @property
-    def whole_gpus(self) -> int:
-        return self.gpu // WHOLE if self.gpu >= WHOLE else 0
-
-    @property
-    def gpu_memory_each(self) -> int:
-        """Memory asked of each GPU the task gets."""
-        gpus = 1 if self.fractional else self.whole_gpus
-        return gpu_share(self.gpu, self.resources[GPU_MEMORY], gpus)[1]
-
-    @property
-    def level(self) -> int:
-        return ISOLATION_LEVEL[self.isolation]
 
 
 @lru_cache(maxsize=4096)
@@ -100,6 +101,19 @@ def gpu_fits(w: Working, idx: Index, shape: Shape) -> np.ndarray:
     return ok
 
 
+def gpu_fits_one(r: NodeRow, shape: Shape) -> list[bool]:
+    level, mem, gpu = shape.level, shape.gpu_memory_each, shape.gpu
+    if shape.fractional:
+        return [
+            v and lv >= level and m >= mem and a + gpu <= WHOLE
+            for v, lv, m, a in zip(r.g_valid, r.g_level, r.g_free_mem, r.g_alloc, strict=True)
+        ]
+    return [
+        v and lv >= level and m >= mem and a == 0
+        for v, lv, m, a in zip(r.g_valid, r.g_level, r.g_free_mem, r.g_alloc, strict=True)
+    ]
+
+
 def gpu_slot_scores(w: Working, idx: Index, shape: Shape) -> np.ndarray:
     """(nodes, G) score per GPU for a fractional task: how full it ends up (pack the
     fractions, keep whole GPUs whole), less a penalty when measured utilisation plus the
@@ -109,6 +123,17 @@ def gpu_slot_scores(w: Working, idx: Index, shape: Shape) -> np.ndarray:
     over = np.maximum(w.snap.g_util[idx] + share - 1.0, 0.0)
     score = after - OVERLOAD_PENALTY * over
     return np.where(gpu_fits(w, idx, shape), score, -np.inf)
+
+
+def gpu_slot_scores_one(r: NodeRow, shape: Shape) -> list[float]:
+    gpu = shape.gpu
+    share = gpu / WHOLE
+    return [
+        (a + gpu) / WHOLE - OVERLOAD_PENALTY * (x if (x := u + share - 1.0) > 0.0 else 0.0)
+        if ok
+        else _NO_ROOM
+        for ok, a, u in zip(gpu_fits_one(r, shape), r.g_alloc, r.g_util, strict=True)
+    ]
 
 
 def choose_gpus(w: Working, i: int, shape: Shape) -> tuple[int, ...]:
@@ -156,6 +181,7 @@ class Filter:
     ok: Callable[[Working, Index, Shape], np.ndarray]
     reasons: Callable[[Working, np.ndarray, Shape], dict[str, int]]  # over rejected nodes
     dynamic: bool
+    ok_one: Callable[[NodeRow, Shape], bool] | None = None  # `ok` for one node (dynamic)
 
 
 def _sim_ok(w: Working, idx: Index, shape: Shape) -> np.ndarray:
@@ -193,6 +219,10 @@ def _fit_ok(w: Working, idx: Index, shape: Shape) -> np.ndarray:
     return (w.free[idx] >= request(shape)).all(axis=1)
 
 
+def _fit_ok_one(r: NodeRow, shape: Shape) -> bool:
+    return all(map(ge, r.free, shape.resources))
+
+
 def _fit_reason(w: Working, idx: np.ndarray, shape: Shape) -> dict[str, int]:
     first_short = np.argmax(w.free[idx] < request(shape), axis=1)
     counts = np.bincount(first_short, minlength=len(KINDS))
@@ -215,6 +245,13 @@ def _gpu_ok(w: Working, idx: Index, shape: Shape) -> np.ndarray:
     return fits.sum(axis=1) >= shape.whole_gpus
 
 
+def _gpu_ok_one(r: NodeRow, shape: Shape) -> bool:
+    fits = gpu_fits_one(r, shape)
+    if shape.fractional:
+        return any(fits)
+    return sum(fits) >= shape.whole_gpus
+
+
 def _gpu_reason(w: Working, idx: np.ndarray, shape: Shape) -> dict[str, int]:
     mem = f", {format_bytes(shape.gpu_memory_each)} each" if shape.gpu_memory_each else ""
     if shape.fractional:
@@ -227,7 +264,7 @@ def _gpu_reason(w: Working, idx: np.ndarray, shape: Shape) -> dict[str, int]:
 FILTERS: tuple[Filter, ...] = (
     Filter("simulation", lambda s: True, _sim_ok, _sim_reason, False),
     Filter("labels", lambda s: bool(s.labels), _labels_ok, _labels_reason, False),
-    Filter("resources", lambda s: True, _fit_ok, _fit_reason, True),
+    Filter("resources", lambda s: True, _fit_ok, _fit_reason, True, _fit_ok_one),
     Filter(
         "gpu_isolation",
         lambda s: s.gpu > 0 and s.level > 0,
@@ -235,7 +272,7 @@ FILTERS: tuple[Filter, ...] = (
         _isolation_reason,
         False,
     ),
-    Filter("gpu_fit", lambda s: s.gpu > 0, _gpu_ok, _gpu_reason, True),
+    Filter("gpu_fit", lambda s: s.gpu > 0, _gpu_ok, _gpu_reason, True, _gpu_ok_one),
 )
 
 
@@ -250,6 +287,13 @@ def binpack(w: Working, idx: Index, shape: Shape) -> np.ndarray:
     return 1.0 - left.sum(axis=1) * s.inv_kinds[idx]
 
 
+def binpack_one(r: NodeRow, shape: Shape) -> float:
+    left = 0.0  # summed in numpy's order for five values, so the result is the same
+    for f, q, c in zip(r.free, shape.resources, r.inv_cap, strict=True):
+        left += (f - q) * c
+    return 1.0 - left * r.inv_kinds
+
+
 def gpu_fit(w: Working, idx: Index, shape: Shape) -> np.ndarray:
     if shape.fractional:
         best = gpu_slot_scores(w, idx, shape).max(axis=1, initial=-np.inf)
@@ -262,6 +306,16 @@ def gpu_fit(w: Working, idx: Index, shape: Shape) -> np.ndarray:
     return np.where(gpus > 0, -1.0, 0.0)  # CPU work keeps off GPU nodes
 
 
+def gpu_fit_one(r: NodeRow, shape: Shape) -> float:
+    if shape.fractional:
+        best = max(gpu_slot_scores_one(r, shape), default=_NO_ROOM)
+        return best if best != _NO_ROOM else 0.0
+    if shape.whole_gpus:
+        free_whole = sum(gpu_fits_one(r, shape))
+        return 1.0 - (free_whole - shape.whole_gpus) / max(r.gpu_count, 1)
+    return -1.0 if r.gpu_count > 0 else 0.0
+
+
 def low_load(w: Working, idx: Index, shape: Shape) -> np.ndarray:
     return 1.0 - w.snap.load[idx]
 
@@ -271,11 +325,12 @@ class Score:
     name: str
     fn: Callable[[Working, Index, Shape], np.ndarray]
     dynamic: Callable[[Shape], bool]  # does it change as tasks are placed?
+    one: Callable[[NodeRow, Shape], float] | None = None  # `fn` for one node (dynamic)
 
 
 SCORES: Mapping[str, Score] = {
-    "binpack": Score("binpack", binpack, lambda s: True),
-    "gpu_fit": Score("gpu_fit", gpu_fit, lambda s: s.gpu > 0),
+    "binpack": Score("binpack", binpack, lambda s: True, binpack_one),
+    "gpu_fit": Score("gpu_fit", gpu_fit, lambda s: s.gpu > 0, gpu_fit_one),
     "low_load": Score("low_load", low_load, lambda s: False),
 }
 
@@ -307,6 +362,9 @@ class Pipeline:
 
     filters: tuple[Callable[[Working, Index, Shape], np.ndarray], ...]
     scores: tuple[tuple[float, Callable[[Working, Index, Shape], np.ndarray]], ...]
+    # The same plugins' scalar twins, for one node; None where one has no twin.
+    filters_one: tuple[Callable[[NodeRow, Shape], bool], ...] | None = None
+    scores_one: tuple[tuple[float, Callable[[NodeRow, Shape], float]], ...] | None = None
 
     def run(self, w: Working, idx: Index, shape: Shape) -> tuple[np.ndarray, np.ndarray]:
         """(ok, score) over nodes `idx`. Called per node a placement changed, so it makes
@@ -323,15 +381,42 @@ class Pipeline:
             total = term if total is None else total + term
         return ok, np.zeros(len(ok)) if total is None else total
 
+    @property
+    def scalar(self) -> bool:
+        return self.filters_one is not None and self.scores_one is not None
+
+    def fits_one(self, r: NodeRow, shape: Shape) -> bool:
+        """`run`'s ok for one node (needs `scalar`)."""
+        return all(f(r, shape) for f in self.filters_one)
+
+    def run_one(self, r: NodeRow, shape: Shape) -> float | None:
+        """`run`'s score for one node, the same to the bit; None where `run` says not ok
+        (needs `scalar`)."""
+        if not self.fits_one(r, shape):
+            return None
+        total = 0.0
+        for k, (weight, fn) in enumerate(self.scores_one):
+            term = fn(r, shape)
+            if weight != 1.0:
+                term = weight * term
+            total = term if k == 0 else total + term
+        return total
+
 
 def pipeline(shape: Shape, profile: Profile, dynamic: bool) -> Pipeline:
+    filters = [f for f in FILTERS if f.dynamic == dynamic and f.applies(shape)]
+    scores = [
+        (weight, SCORES[name])
+        for name, weight in profile.weights.items()
+        if weight and SCORES[name].dynamic(shape) == dynamic
+    ]
+    filters_one = tuple(f.ok_one for f in filters)
+    scores_one = tuple((weight, score.one) for weight, score in scores)
     return Pipeline(
-        tuple(f.ok for f in FILTERS if f.dynamic == dynamic and f.applies(shape)),
-        tuple(
-            (weight, SCORES[name].fn)
-            for name, weight in profile.weights.items()
-            if weight and SCORES[name].dynamic(shape) == dynamic
-        ),
+        tuple(f.ok for f in filters),
+        tuple((weight, score.fn) for weight, score in scores),
+        None if None in filters_one else filters_one,
+        None if any(fn is None for _, fn in scores_one) else scores_one,
     )
 
 

@@ -1091,3 +1091,83 @@ def test_a_shape_s_kept_hash_agrees_with_its_equality(a, b):
     )
     fields = (x.resources, x.simulated, x.labels, x.isolation)
     assert scheduling._shape(*fields) is scheduling._shape(*fields) == x
+
+
+def check_scalar_twins(snap: Snapshot, shapes: list[Shape], bookings: list[int]) -> int:
+    """After `bookings` (node, shape) picks, each dynamic pipeline's scalar twin agrees
+    with its vector form on every node, for every profile. Returns the nodes checked."""
+    w = Working(snap)
+    n = len(snap)
+    for k in bookings:  # unchecked: nodes may be overdrawn, GPUs over-shared
+        i, shape = k % n, shapes[k % len(shapes)]
+        slots = ()
+        if shape.gpu and int(snap.gpu_count[i]):
+            slots = tuple(range(min(max(shape.whole_gpus, 1), int(snap.gpu_count[i]))))
+        plugins.book(w, i, shape, slots)
+    checked = 0
+    for profile in (*PROFILES.values(), BINPACK_ONLY):
+        for shape in shapes:
+            p = plugins.pipeline(shape, profile, dynamic=True)
+            assert p.scalar
+            ok, values = p.run(w, np.arange(n), shape)
+            for i in range(n):
+                got = p.run_one(w.row(i), shape)
+                assert p.fits_one(w.row(i), shape) == bool(ok[i])
+                if ok[i]:
+                    assert got == values[i], (shape, i, got, values[i])
+                else:
+                    assert got is None
+                checked += 1
+    return checked
+
+
+@PROPS
+@given(clusters, st.lists(st.integers(0, 10_000), max_size=30))
+def test_scalar_twins_give_the_vector_plugins_numbers(cluster, bookings):
+    """The core rescores a few changed nodes with the dynamic plugins' scalar twins and
+    whole regions with the vector plugins: they must agree exactly, or a node's score
+    would depend on how it was last refreshed."""
+    nodes, gangs, _ = cluster
+    shapes = sorted({t.shape for g in gangs for t in g.tasks}, key=repr)
+    assert check_scalar_twins(Snapshot(nodes), shapes, bookings)
+
+
+def test_scalar_twins_agree_on_a_hollow_region_at_real_magnitudes():
+    """Byte-sized memory and the generator's shapes: the sums that must come out the same
+    to the last bit are of very different magnitudes here."""
+    from agent.hollow import HollowNode, inventory_mix
+    from coordinator.cluster import ClusterView
+    from coordinator.state import RegionState
+    from mesh.schema import JobSubmitted, LogEntry
+    from workloads.generator import WorkloadConfig, generate
+
+    cluster = ClusterView("r")
+    for i, inv in enumerate(inventory_mix(60, seed=5)):
+        cluster.observe(HollowNode(f"n{i:02d}", inv).state("r"), 0.0)
+    state = RegionState()
+    jobs = generate(WorkloadConfig(seed=5, tasks=400))
+    events = tuple(JobSubmitted(f"j{k}", f"c{k}", j.spec, 0.0) for k, j in enumerate(jobs))
+    state.apply(1, LogEntry(1, "c", events))
+    shapes = sorted(
+        {scheduling.shape_of(j, t.group) for j in state.pending_jobs() for t in j.tasks.values()},
+        key=repr,
+    )
+    assert any(s.fractional for s in shapes) and any(s.whole_gpus for s in shapes)
+    snap = scheduling.snapshot(cluster, state)
+    rnd = random.Random(5)
+    assert check_scalar_twins(snap, shapes, [rnd.randrange(10_000) for _ in range(80)])
+
+
+def test_a_refresh_with_scalar_twins_places_as_the_vector_refresh_does():
+    """The whole core, both ways, on a busy hollow backlog: the same decision."""
+    from bench.placement import backlog_state, hollow_cluster
+    from workloads.generator import WorkloadConfig, generate
+
+    cluster = hollow_cluster(150, 9)
+    state = backlog_state([j.spec for j in generate(WorkloadConfig(seed=9, tasks=3000))])
+    config = scheduling.PlacementConfig(max_tasks_per_round=10_000)
+    got = scheduling.place_jobs(state, cluster, state.pending_jobs(), 1e9, config)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(core, "SCALAR_REFRESH", 0)
+        want = scheduling.place_jobs(state, cluster, state.pending_jobs(), 1e9, config)
+    assert len(got.placed) > 500 and got == want
