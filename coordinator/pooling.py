@@ -105,6 +105,16 @@ def _add(acc: dict[str, list[int]], key: str, row: tuple[int, ...]) -> None:
             v[i] += x
 
 
+def _as_pending(j: JobRecord) -> PendingJob:
+    p = j.as_pending
+    if p is None or p.resources is not j.pending_resources:
+        spec = j.spec
+        p = j.as_pending = PendingJob(
+            j.job_id, spec.pool, j.pending_resources, spec.priority, spec.preemptible
+        )
+    return p
+
+
 def admitted_jobs(
     state: RegionState,
     view: PoolView,
@@ -116,11 +126,7 @@ def admitted_jobs(
     pools stand. Jobs in `skip` (admitted but found not to fit any node) take no share
     of their pool's budget."""
     leaves = set(state.pools.leaves())
-    pending = [
-        PendingJob(j.job_id, j.spec.pool, j.pending_resources, j.spec.priority, j.spec.preemptible)
-        for j in jobs
-        if j.job_id not in skip
-    ]
+    pending = [_as_pending(j) for j in jobs if j.job_id not in skip]
     decision = admit(
         state.pools,
         pending,

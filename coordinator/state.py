@@ -15,6 +15,7 @@ from sortedcontainers import SortedDict
 
 from coordinator.changes import Changes
 from coordinator.pools import PoolConfigError, PoolTree, parse_pool_tree
+from coordinator.pools.jobs import PendingJob
 from mesh.schema import (
     JobKillRequested,
     JobSubmitted,
@@ -114,6 +115,9 @@ class JobRecord:
     pending_since: float = 0.0  # when its tasks last started waiting (starvation guard)
     counted_as: JobState | None = None  # the state `RegionState.job_counts` counts it in
     counts: dict[TaskState, int] = field(default_factory=dict)  # tasks per state, by the fold
+    # What admission sees of it, kept while pending_resources is the same object
+    # (pooling.admitted_jobs): a window of 4,000 jobs built 4,000 of them twice a round.
+    as_pending: PendingJob | None = None
 
     @property
     def state(self) -> JobState:

@@ -86,7 +86,7 @@ def admit(
     alloc_out: dict[str, Resources] = dict(allocation)
     np_out: dict[str, Resources] = dict(non_preemptible)
     for pool, queue in queues.items():
-        queue.sort(key=lambda t: (t[0], t[1]))
+        queue.sort()  # by (-priority, position): positions differ, jobs are never compared
         _admit_pool(tree, pool, [j for _, _, j in queue], entitlement.get(pool, NOTHING),
                     alloc_out, np_out, lookahead, waited, hold_after, admitted, blocked, never)
     new_waited = {j: waited.get(j, 0) + 1 for j in blocked}
@@ -175,9 +175,9 @@ def _admit_pool(tree, pool, queue, ent_r, alloc_out, np_out, lookahead, waited, 
             np_taken.append(job.resources)
         admitted.append(job.job_id)
     if taken:
-        alloc_out[pool] = sum(taken, alloc_out.get(pool, NOTHING))
+        alloc_out[pool] = Resources.total(taken, alloc_out.get(pool, NOTHING))
     if np_taken:
-        np_out[pool] = sum(np_taken, np_out.get(pool, NOTHING))
+        np_out[pool] = Resources.total(np_taken, np_out.get(pool, NOTHING))
 
 
 def _rest(jobs, reason, never_reason, blocked, never) -> None:

@@ -176,3 +176,29 @@ def test_jobs_that_do_not_compete_for_the_blocked_kind_use_no_look_ahead():
     assert a.admitted == ["c0", "c1", "g1", "c2", "c3", "c4"]
     assert "look-ahead of 1 jobs past it is used up" in a.blocked["g2"]
     assert set(a.blocked) == {"big", "g2"}
+
+
+amounts = st.tuples(*[st.integers(-(2**40), 2**40)] * 5)
+
+
+@given(st.lists(amounts, max_size=20), st.one_of(st.none(), amounts))
+def test_resources_total_is_the_sum(rows, start):
+    items = [Resources(*r) for r in rows]
+    first = None if start is None else Resources(*start)
+    assert Resources.total(items, first) == sum(items, first or Resources())
+
+
+def test_allocation_out_adds_every_kind_of_the_admitted_jobs():
+    big = Resources(cpu=1000, memory=2, disk=3, gpu=1000, gpu_memory=7)
+    small = Resources(gpu=1000, gpu_memory=1)  # non-preemptible: within the reservation
+    held = Resources(cpu=5, memory=5, disk=5, gpu=1000, gpu_memory=5)
+    a = admit(
+        TREE,
+        [PendingJob("a", V, big), PendingJob("b", V, small, preemptible=False)],
+        {V: Resources(cpu=10**6, memory=10**6, disk=10**6, gpu=8000, gpu_memory=10**6)},
+        {V: held},
+        {V: Resources(gpu=1000, gpu_memory=5)},
+    )
+    assert a.admitted == ["a", "b"]
+    assert a.allocation[V] == held + big + small
+    assert a.non_preemptible[V] == Resources(gpu=2000, gpu_memory=6)

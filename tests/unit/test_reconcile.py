@@ -1084,3 +1084,19 @@ def test_a_fetch_asks_for_about_a_part_s_worth_of_messages():
     assert reports_fetch(0, 5, 10_000, 10_000) == 10_000  # only bad messages
     assert reports_fetch(0, 0, 10_000, 500) == 500
     assert reports_fetch(10**9, 1, 10_000, 10_000) == 1
+
+
+def test_admission_sees_what_a_job_still_asks_for_after_some_of_it_was_placed():
+    """What admission sees of a job is kept between rounds: it must follow the job's
+    pending resources as its tasks are placed, not stay as first seen."""
+    from coordinator.pooling import PoolView, admitted_jobs
+
+    log = Log()
+    log.submit("j", count=2, cpu="1")
+    room = Resources(cpu=1500, memory=64 * GiB)
+    pools = PoolView(room, {"/": Resources()}, {"/": Resources()}, {}, {"/": room})
+    job = log.state.jobs["j"]
+    admitted, blocked, _ = admitted_jobs(log.state, pools, [job])
+    assert not admitted and "entitlement" in blocked["j"]
+    log.place("j.w.0", "a")
+    assert admitted_jobs(log.state, pools, [job])[0] == {"j"}
