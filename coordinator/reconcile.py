@@ -15,7 +15,14 @@ from coordinator.cluster import DOWN, READY, ClusterView, NodeView
 from coordinator.parking import gang_due, park, park_never, parked
 from coordinator.placement import Placement, Snapshot
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
-from coordinator.scheduling import PlacementConfig, place_jobs, snapshot, window
+from coordinator.scheduling import (
+    PlacementConfig,
+    hopeless,
+    new_placer,
+    place_jobs,
+    snapshot,
+    window,
+)
 from coordinator.state import HOLDING, JobRecord, RegionState, TaskRecord
 from mesh.schema import LogEvent, TaskEvent, TaskPlaced, TaskUpdated
 from workloads.lifecycle import ENDED, FINAL, TaskState, can_transition
@@ -396,11 +403,26 @@ def _place_window(
     admitted, blocked, never = admitted_jobs(state, pools, waiting)
     if not admitted:
         return blocked, (), frozenset(), never
+    placer = new_placer(state, snap, config)
+    skip: frozenset[str] = frozenset()
+    if blocked:
+        # Admitted jobs that fit no node even before anything is placed would hold no
+        # budget below: admit without them at once, and place them only to say why
+        # (each fails at its first task). A backlog's windows were placed twice a round.
+        skip = hopeless(placer, [j for j in waiting if j.job_id in admitted], now, config)
+        if skip:
+            admitted, blocked, _ = admitted_jobs(state, pools, waiting, skip)
     result = place_jobs(
-        state, nodes, [j for j in waiting if j.job_id in admitted], now, config, snap
+        state,
+        nodes,
+        [j for j in waiting if j.job_id in admitted or j.job_id in skip],
+        now,
+        config,
+        snap,
+        placer,
     )
-    misfits = frozenset(j for j in result.unplaced if j in admitted)
-    if misfits and blocked and not result.line_held_by:
+    misfits = frozenset(j for j in result.unplaced if j in admitted or j in skip)
+    if misfits - skip and blocked and not result.line_held_by:
         # Admitted gangs that fit no node hold no budget: admit again without them,
         # so the jobs behind them in their pool can use what they could not.
         again, still_blocked, _ = admitted_jobs(state, pools, waiting, misfits)

@@ -207,6 +207,25 @@ def gang_request(job: JobRecord, waited: float, config: PlacementConfig) -> Gang
     )
 
 
+def new_placer(state: RegionState, snap: Snapshot, config: PlacementConfig) -> Placer:
+    return Placer(snap, PROFILES[config.profile], seed=state.last_seq)
+
+
+def hopeless(
+    placer: Placer, jobs: Sequence[JobRecord], now: float, config: PlacementConfig
+) -> frozenset[str]:
+    """The jobs whose first waiting task fits no node of `placer`'s snapshot, before it
+    places anything: they place nothing this round, whatever else is placed (placements
+    only take room). A gang holding the line is never among them: it must fail in
+    place to hold it."""
+    out = []
+    for job in jobs:
+        gang = gang_request(job, now - job.pending_since, config)
+        if gang.tasks and not gang.holds_line and placer.fits_nowhere(gang.tasks[0].shape):
+            out.append(job.job_id)
+    return frozenset(out)
+
+
 def place_jobs(
     state: RegionState,
     cluster: ClusterView,
@@ -214,12 +233,14 @@ def place_jobs(
     now: float,
     config: PlacementConfig,
     snap: Snapshot | None = None,
+    placer: Placer | None = None,
 ) -> PlacementResult:
     """Place `jobs` (in order) on the cluster's ready nodes, committed against the live
-    state. `snap`: their snapshot, when the caller has one that is still current."""
+    state. `snap`: their snapshot, when the caller has one that is still current;
+    `placer`: a `new_placer` over it that has placed nothing yet."""
     snap = snapshot(cluster, state) if snap is None else snap
     gangs = (gang_request(job, now - job.pending_since, config) for job in jobs)
-    placer = Placer(snap, PROFILES[config.profile], seed=state.last_seq)
+    placer = new_placer(state, snap, config) if placer is None else placer
     plan = placer.place(gangs, config.max_tasks_per_round)
     touched = {p.node_id for p in plan.placed}
     live = {n: node_info(cluster.nodes[n], state) for n in touched}

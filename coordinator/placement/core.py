@@ -183,6 +183,10 @@ class Placer:
             arr.seen = len(self.changes)
         return arr.total
 
+    def fits_nowhere(self, shape: Shape) -> bool:
+        """No node can take a task of `shape` as the round stands now."""
+        return shape in self._dead or not np.isfinite(self._arrays(shape).max())
+
     # ------------------------------------------------------------ one task
 
     def _job_terms(self, gang: GangRequest) -> _JobTerms | None:

@@ -1100,3 +1100,35 @@ def test_admission_sees_what_a_job_still_asks_for_after_some_of_it_was_placed():
     assert not admitted and "entitlement" in blocked["j"]
     log.place("j.w.0", "a")
     assert admitted_jobs(log.state, pools, [job])[0] == {"j"}
+
+
+def test_a_job_that_fits_no_node_takes_no_admission_budget_and_the_window_is_placed_once(
+    monkeypatch,
+):
+    """'wide' is admitted (6 of 8 cores) but fits no 4-core node: the job it would keep
+    out of the pool's entitlement is placed in the same round, with one placement pass."""
+    calls = spy_on_placement(monkeypatch)
+    log = Log()
+    log.submit("wide", count=1, cpu="6")
+    log.submit("s1", count=1, cpu="2")
+    log.submit("s2", count=1, cpu="2")  # 6 + 2 + 2 > 8: admission would hold it back
+    d = log.decide(cluster(view("a", cpu=4000), view("b", cpu=4000)))
+    assert sorted(t for t, _, _ in placements(d)) == ["s1.w.0", "s2.w.0"]
+    assert "fits no node" in d.unplaced["wide"] and "insufficient cpu" in d.unplaced["wide"]
+    assert len(calls) == 1 and calls[0] == ["wide", "s1", "s2"]
+
+
+def test_a_gang_that_stops_fitting_within_the_round_gives_its_budget_back_in_a_second_pass(
+    monkeypatch,
+):
+    """'gang' fits on the snapshot but not after 'x' is placed: only placing tells, so
+    the window is admitted and placed again without it, and 'z' still runs."""
+    calls = spy_on_placement(monkeypatch)
+    log = Log()
+    log.submit("x", count=1, cpu="3")
+    log.submit("gang", count=2, cpu="3")
+    log.submit("z", count=1, cpu="2")  # 3 + 6 + 2 > 10: held back while 'gang' is admitted
+    d = log.decide(cluster(view("a", cpu=4000), view("b", cpu=4000), view("c", cpu=2000)))
+    assert sorted(t for t, _, _ in placements(d)) == ["x.w.0", "z.w.0"]
+    assert "gang of 2: 1 placed" in d.unplaced["gang"]
+    assert calls == [["x", "gang"], ["x", "z"]]
