@@ -98,6 +98,8 @@ def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
         before = snapshot(cluster, state)  # the kept one, updated below
         for label in LABELS:  # masks asked for, so the next snapshot carries them over
             before.label_mask(*label)
+        for i in range(len(before)):  # and the rows' Python values the same way
+            before.fixed_row(i)
         clock += rnd.choice([0.5, 1.0, 4.0])
         if rnd.random() < 0.8:  # all heard (else the silent go suspect: a full build)
             for node in sorted(cluster.nodes):
@@ -167,6 +169,8 @@ def test_the_kept_snapshot_is_the_one_a_full_build_gives(seed):
             assert np.array_equal(getattr(kept, name), getattr(fresh, name)), name
         for label in LABELS:
             assert np.array_equal(kept.label_mask(*label), fresh.label_mask(*label)), label
+        for i in range(len(kept)):
+            assert kept.fixed_row(i) == fresh.fixed_row(i), i
         # The journal of rows (parking reads it): every row that changed since the
         # earlier snapshot is named; or it says it does not know.
         rows = kept.row_changes.since(before.mark)
