@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from coordinator.changes import Mark
 from coordinator.cluster import DOWN, READY, ClusterView, NodeView
 from coordinator.parking import gang_due, park, park_never, parked
-from coordinator.placement import Placement, Snapshot
+from coordinator.placement import GangRequest, Placement, Snapshot
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
 from coordinator.scheduling import (
     PlacementConfig,
@@ -404,12 +404,14 @@ def _place_window(
     if not admitted:
         return blocked, (), frozenset(), never
     placer = new_placer(state, snap, config)
+    requests: dict[str, GangRequest] = {}  # made once a round, for both passes
     skip: frozenset[str] = frozenset()
     if blocked:
         # Admitted jobs that fit no node even before anything is placed would hold no
         # budget below: admit without them at once, and place them only to say why
         # (each fails at its first task). A backlog's windows were placed twice a round.
-        skip = hopeless(placer, [j for j in waiting if j.job_id in admitted], now, config)
+        looked = [j for j in waiting if j.job_id in admitted]
+        skip = hopeless(placer, looked, now, config, requests)
         if skip:
             admitted, blocked, _ = admitted_jobs(state, pools, waiting, skip)
     result = place_jobs(
@@ -420,6 +422,7 @@ def _place_window(
         config,
         snap,
         placer,
+        requests,
     )
     misfits = frozenset(j for j in result.unplaced if j in admitted or j in skip)
     if misfits - skip and blocked and not result.line_held_by:
@@ -429,7 +432,7 @@ def _place_window(
         if again - admitted:
             why = {j: result.unplaced[j] for j in misfits}
             jobs = [j for j in waiting if j.job_id in again]
-            result = place_jobs(state, nodes, jobs, now, config, snap)
+            result = place_jobs(state, nodes, jobs, now, config, snap, requests=requests)
             blocked = {j: r for j, r in still_blocked.items() if j not in misfits} | why
             misfits = misfits | frozenset(j for j in result.unplaced if j in again)
     if result.line_held_by:

@@ -6,7 +6,7 @@ placement core (`coordinator/placement/`) decides.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TypeVar
@@ -212,15 +212,19 @@ def new_placer(state: RegionState, snap: Snapshot, config: PlacementConfig) -> P
 
 
 def hopeless(
-    placer: Placer, jobs: Sequence[JobRecord], now: float, config: PlacementConfig
+    placer: Placer,
+    jobs: Sequence[JobRecord],
+    now: float,
+    config: PlacementConfig,
+    requests: dict[str, GangRequest],
 ) -> frozenset[str]:
     """The jobs whose first waiting task fits no node of `placer`'s snapshot, before it
     places anything: they place nothing this round, whatever else is placed (placements
     only take room). A gang holding the line is never among them: it must fail in
-    place to hold it."""
+    place to hold it. The jobs' requests are left in `requests` for `place_jobs`."""
     out = []
     for job in jobs:
-        gang = gang_request(job, now - job.pending_since, config)
+        gang = requests[job.job_id] = gang_request(job, now - job.pending_since, config)
         if gang.tasks and not gang.holds_line and placer.fits_nowhere(gang.tasks[0].shape):
             out.append(job.job_id)
     return frozenset(out)
@@ -234,12 +238,17 @@ def place_jobs(
     config: PlacementConfig,
     snap: Snapshot | None = None,
     placer: Placer | None = None,
+    requests: Mapping[str, GangRequest] | None = None,
 ) -> PlacementResult:
     """Place `jobs` (in order) on the cluster's ready nodes, committed against the live
     state. `snap`: their snapshot, when the caller has one that is still current;
-    `placer`: a `new_placer` over it that has placed nothing yet."""
+    `placer`: a `new_placer` over it that has placed nothing yet; `requests`: gang
+    requests already made for some of the jobs this round."""
     snap = snapshot(cluster, state) if snap is None else snap
-    gangs = (gang_request(job, now - job.pending_since, config) for job in jobs)
+    made = requests or {}
+    gangs = (
+        made.get(job.job_id) or gang_request(job, now - job.pending_since, config) for job in jobs
+    )
     placer = new_placer(state, snap, config) if placer is None else placer
     plan = placer.place(gangs, config.max_tasks_per_round)
     touched = {p.node_id for p in plan.placed}
