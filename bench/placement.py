@@ -1,22 +1,24 @@
 """`python -m bench placement`: gang placement at scale, and side by side with Ray.
 
-Five measurements, each reported with what it ran on:
+Six measurements, each reported with what it ran on:
 
 1. core: the placement core alone (`coordinator.scheduling.place_jobs`: snapshot,
    filters, scores, gangs, commit) on a snapshot of N hollow nodes of the standard mix
    and a backlog of generated tasks (30 % in gangs of 2-64). Baseline in the same run:
    a plain Python scan of every node per task (what placement was before the plugin
    pipeline), on the first tasks of the same backlog.
-2. durable: the same backlog submitted (job.submit_many) to a real region (nats-server,
+2. rounds: the same backlog placed by the leader's reconcile rounds (admission windows,
+   placement, commit) with each round folded, in process: the decisions' share of (3).
+3. durable: the same backlog submitted (job.submit_many) to a real region (nats-server,
    a coordinator process, N hollow nodes in one fleet process), held back by its pool's
    limit of zero; from lifting the limit to the last TaskPlaced on the job log and the
    last assignment acknowledged by the ASSIGN stream: tasks placed per second with
    their placements and assignments durably written.
-3. e2e: a fresh region with the nodes up; first submit to last task RUNNING on the job
+4. e2e: a fresh region with the nodes up; first submit to last task RUNNING on the job
    log, for M tasks.
-4. latency: the e2e region kept about half full by a steady stream of jobs; per job,
+5. latency: the e2e region kept about half full by a steady stream of jobs; per job,
    submit to every task PLACED on the log, p50/p99.
-5. ray: the same gang shapes placed by our region of K hollow nodes and by Ray placement
+6. ray: the same gang shapes placed by our region of K hollow nodes and by Ray placement
    groups on K raylets (`bench.placement_ray`, needs the `bench` extra); gangs/s each.
 
 Nothing here asserts a timing; the targets are reported as booleans.
@@ -45,6 +47,7 @@ from bench._util import (
     with_state_dir,
 )
 from coordinator.cluster import ClusterView, NodeView
+from coordinator.reconcile import reconcile
 from coordinator.scheduling import PlacementConfig, place_jobs
 from coordinator.state import RegionState
 from mesh import subjects
@@ -147,6 +150,42 @@ def core(args: argparse.Namespace) -> dict:
         "fold_backlog_s": round(fold_s, 3),
         "baseline_naive_tasks_per_s": round(base_rate) if base_rate else None,
         "ratio_vs_naive": ratio(rate, base_rate),
+    }
+
+
+def rounds(args: argparse.Namespace) -> dict:
+    """The leader's decisions alone: the same backlog placed by reconcile rounds
+    (admission windows, placement, commit), each round's events folded into the state as
+    the leader folds its own entries; in process, nothing encoded, stored or sent. What
+    the durable phase costs the leader before its I/O."""
+    cluster = hollow_cluster(args.nodes, args.seed)
+    jobs = generate(WorkloadConfig(seed=args.seed, tasks=args.backlog, duration_median_s=3600))
+    state = backlog_state([j.spec for j in jobs])
+    config = PlacementConfig()
+    placed = n = 0
+    decide_s = fold_s = 0.0
+    while n < 10_000:
+        t0 = time.perf_counter()
+        d = reconcile(state, cluster, time.time(), config)
+        t1 = time.perf_counter()
+        if not d.events:
+            break
+        n += 1
+        state.apply(n + 1, LogEntry(term=1, leader_id="bench", events=tuple(d.events)))
+        decide_s += t1 - t0
+        fold_s += time.perf_counter() - t1
+        placed += sum(isinstance(ev, TaskPlaced) for ev in d.events)
+    rate = placed / (decide_s + fold_s)
+    print(
+        f"rounds: {placed:,} of {args.backlog:,} tasks placed in {n} reconcile rounds: "
+        f"decisions {decide_s:.2f}s + fold {fold_s:.2f}s = {rate:,.0f} tasks/s"
+    )
+    return {
+        "placed": placed,
+        "rounds": n,
+        "decide_s": round(decide_s, 3),
+        "fold_s": round(fold_s, 3),
+        "tasks_per_s": round(rate),
     }
 
 
@@ -608,6 +647,8 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
     }
     if "core" in args.phases:
         out["core"] = core(args)
+    if "rounds" in args.phases:
+        out["rounds"] = rounds(args)
     if "durable" in args.phases:
         out["durable"] = await durable(args, work)
     if "e2e" in args.phases:
@@ -650,7 +691,7 @@ def main(argv: list[str]) -> dict:
         help="the coordinator's lease TTL (a leader busy with a huge backlog on 2 cores "
         "can miss 2 s renewals; see docs/benchmarks.md)",
     )
-    p.add_argument("--phases", default="core,durable,e2e,ray")
+    p.add_argument("--phases", default="core,rounds,durable,e2e,ray")
     p.add_argument("--state-dir", help="keep logs here (default: a temporary directory)")
     p.add_argument("--quick", action="store_true", help="500 nodes, 5,000 tasks")
     args = p.parse_args(argv)

@@ -185,7 +185,9 @@ class Placer:
 
     def fits_nowhere(self, shape: Shape) -> bool:
         """No node can take a task of `shape` as the round stands now."""
-        return shape in self._dead or not np.isfinite(self._arrays(shape).max())
+        if not len(self.snap) or shape in self._dead:
+            return True
+        return not np.isfinite(self._arrays(shape).max())
 
     # ------------------------------------------------------------ one task
 

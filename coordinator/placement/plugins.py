@@ -1,12 +1,12 @@
 """Placement plugins: filters say which nodes can take a task, scores rank the rest.
 
-Every plugin is vectorised over a subset of nodes (`idx`, an index array into the
+Every plugin is vectorised over a subset of nodes (`idx`, an index array or a slice of the
 snapshot), so the core evaluates a whole region with a few numpy operations and
-refreshes just the nodes a placement changed with the same code (or, for one node, with
-the dynamic plugins' scalar twins, `*_one`, which give bit-for-bit the same numbers: a
-test holds them equal). A request's class
-(`Shape`: what it asks for and where it may go) is what plugins see; tasks of one shape
-share their filter and score arrays.
+refreshes just the nodes a placement changed with the same code; a few changed nodes
+are refreshed one at a time by the dynamic plugins' scalar twins (`*_one`, over a
+`NodeRow`), which give the same numbers to the bit (a test holds them equal). A
+request's class (`Shape`: what it asks for and where it may go) is what plugins see;
+tasks of one shape share their filter and score arrays.
 
 Scores are each about 0..1 and weighted by the profile. The GPU score is Alnair's idea,
 utilisation-driven packing, in floating point (Alnair's own divides integers and is
@@ -38,7 +38,7 @@ from workloads.resources import gpu_share
 
 OVERLOAD_PENALTY = 2.0  # per unit of measured utilisation beyond a whole GPU
 _NO_ROOM = float("-inf")
-Index = np.ndarray | slice  # a set of node rows; a slice for one node is a cheap view
+Index = np.ndarray | slice  # a set of node rows; a slice (one node, or all) is a cheap view
 
 
 @dataclass(frozen=True, slots=True)

@@ -1171,3 +1171,12 @@ def test_a_refresh_with_scalar_twins_places_as_the_vector_refresh_does():
         mp.setattr(core, "SCALAR_REFRESH", 0)
         want = scheduling.place_jobs(state, cluster, state.pending_jobs(), 1e9, config)
     assert len(got.placed) > 500 and got == want
+
+
+def test_fits_nowhere_on_no_nodes_and_after_the_room_is_taken():
+    s = shape(cpu=2)
+    assert Placer(Snapshot([])).fits_nowhere(s)
+    placer = Placer(Snapshot([node("a", cpu=2)]))
+    assert not placer.fits_nowhere(s)
+    placer.place([gang("j", task("t", cpu=2))])
+    assert placer.fits_nowhere(s)
