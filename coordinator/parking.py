@@ -90,9 +90,15 @@ def parked(state: RegionState, snap: Snapshot, now: float) -> Parking:
         if rows and p.alike:
             _let_go_where_room(p, state, snap, rows)
         if p.tree is not state.pools:
+            # A new pool tree lets every never-admissible job go at once: one sort of
+            # the queue, not an insertion each (72,000 held jobs took 0.9 s of a round
+            # when their limit was lifted).
             p.tree = state.pools
-            for job_id in list(p.never):
-                _let_go(p, job_id, state)
+            if p.never:
+                for job_id in p.never:
+                    del p.why[job_id]
+                p.never.clear()
+                p.looking = _waiting(state, p.why)
     _let_go_due(p, state, now)
     return p
 
