@@ -231,6 +231,7 @@ class RegionState:
         self.preempting: set[str] = set()  # tasks whose attempt is being reclaimed
         self.parsed: dict[str, JobSpec] = {}  # job id -> its spec, parsed by this process
         self.job_counts: dict[str, int] = {}  # jobs per JobState, kept by the fold
+        self._recount_due: dict[str, JobRecord] = {}  # jobs an entry moved, counted after it
 
     # ------------------------------------------------------------ fold
 
@@ -246,6 +247,12 @@ class RegionState:
             return True
         for ev in entry.events:
             self._apply_event(seq, ev)
+        # Once per job and entry, not per event: a job's state is a walk of its counts,
+        # and a 64-task gang placed in one entry walked them 64 times.
+        due = self._recount_due
+        for job in due.values():
+            self._recount(job)
+        due.clear()
         return True
 
     def _apply_event(self, seq: int, ev: object) -> None:
@@ -265,7 +272,7 @@ class RegionState:
                 self.queue_changes.add(job.job_id)
                 job.kill_reason = ev.reason
                 self._track_killing(job)
-                self._recount(job)  # a failed task with retries left no longer reruns
+                self._recount_due[job.job_id] = job  # a failed task with retries left no longer reruns
         elif isinstance(ev, TaskPreemptRequested):
             task = self.tasks.get(ev.task_id)
             if task is not None and task.attempt == ev.attempt and task.state in HOLDING:
@@ -313,7 +320,7 @@ class RegionState:
         self._wait(job)
         self.by_client[ev.client_id] = ev.job_id
         self.tasks.update(tasks)
-        self._recount(job)
+        self._recount_due[job.job_id] = job
 
     def _task_placed(self, ev: TaskPlaced) -> None:
         task = self.tasks.get(ev.task_id)
@@ -335,7 +342,7 @@ class RegionState:
         self._pool_hold(task, +1)
         self._grant_gpus(task, +1)
         self._history(task, ev.ts, "")
-        self._recount(self.jobs[task.job_id])
+        self._recount_due[task.job_id] = self.jobs[task.job_id]
 
     def _task_updated(self, ev: TaskUpdated) -> None:
         task = self.tasks.get(ev.task_id)
@@ -392,7 +399,7 @@ class RegionState:
         job = self.jobs[task.job_id]
         if job.kill_requested:
             self._track_killing(job)
-        self._recount(job)
+        self._recount_due[job.job_id] = job
 
     def _move(self, task: TaskRecord, new: TaskState) -> None:
         counts = self.jobs[task.job_id].counts
