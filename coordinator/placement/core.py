@@ -135,6 +135,10 @@ class Placer:
         # its explanation then. Placements only take capacity, so both hold until an
         # undo gives back what was taken after that position (see _undo).
         self._dead: dict[Shape, int] = {}
+        # Per shape, the change-log position at which it was found to fit somewhere:
+        # that holds only until the next change (a backlog's window asks it of every
+        # job before anything is placed, 4,000 times for some forty shapes).
+        self._alive: dict[Shape, int] = {}
         self._rejections: dict[Shape, tuple[int, dict[str, int], str]] = {}
 
     # ------------------------------------------------------------ shape arrays
@@ -187,7 +191,13 @@ class Placer:
         """No node can take a task of `shape` as the round stands now."""
         if not len(self.snap) or shape in self._dead:
             return True
-        return not np.isfinite(self._arrays(shape).max())
+        at = len(self.changes)
+        if self._alive.get(shape) == at:
+            return False
+        if np.isfinite(self._arrays(shape).max()):
+            self._alive[shape] = at
+            return False
+        return True
 
     # ------------------------------------------------------------ one task
 
