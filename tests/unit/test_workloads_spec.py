@@ -570,3 +570,58 @@ def test_preemptible_and_min_tasks():
     }
     with pytest.raises(SpecError, match="min_tasks: an elastic job's task groups"):
         parse_job_spec(mixed)
+
+
+def _outcome(parse, value, path):
+    try:
+        return parse(value, path)
+    except SpecError as exc:
+        return ("error", str(exc))
+
+
+_quantities = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.none(),
+    st.sampled_from(["1", "0.5", "500m", "4Gi", "1.5Gi", "2G", "-1", " 3 ", "0x10", "1e3", ""]),
+    st.text(max_size=8),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(
+            st.sampled_from(["cpu", "memory", "disk", "gpu", "gpu_memory", "bogus"]),
+            _quantities,
+            max_size=5,
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.sampled_from(["tasks[0].resources", "tasks[3].resources"]),
+)
+def test_resources_and_labels_parsed_once_give_what_a_fresh_parse_gives(mappings, path):
+    """Equal requests are parsed once and the result reused: every mapping, asked in any
+    order and again, gives what parsing it afresh gives, errors and their paths included
+    (1, 1.0 and True are told apart: True is no quantity)."""
+    from workloads import spec as s
+
+    for value in mappings + mappings[::-1]:
+        assert _outcome(s._resources, value, path) == _outcome(s._parse_resources, value, path)
+        labels = {k.replace("_", "-"): v for k, v in value.items()}
+        assert _outcome(s._labels, labels, "labels") == _outcome(s._parse_labels, labels, "labels")
+
+
+def test_a_cached_request_does_not_hide_an_equal_looking_bad_one():
+    from workloads import spec as s
+
+    assert s._resources({"cpu": 1}, "r") == Resources(cpu=1000, memory=DEFAULT_MEMORY)
+    assert s._resources({"cpu": 1.0}, "r") == Resources(cpu=1000, memory=DEFAULT_MEMORY)
+    with pytest.raises(SpecError, match="r.cpu"):
+        s._resources({"cpu": True}, "r")
+    with pytest.raises(SpecError, match="r.gpu_memory"):
+        s._resources({"gpu_memory": "1Gi"}, "r")
+    with pytest.raises(SpecError, match="q.gpu_memory"):  # the path is the caller's
+        s._resources({"gpu_memory": "1Gi"}, "q")
