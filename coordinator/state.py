@@ -272,7 +272,8 @@ class RegionState:
                 self.queue_changes.add(job.job_id)
                 job.kill_reason = ev.reason
                 self._track_killing(job)
-                self._recount_due[job.job_id] = job  # a failed task with retries left no longer reruns
+                # (a failed task with retries left no longer reruns)
+                self._recount_due[job.job_id] = job
         elif isinstance(ev, TaskPreemptRequested):
             task = self.tasks.get(ev.task_id)
             if task is not None and task.attempt == ev.attempt and task.state in HOLDING:
