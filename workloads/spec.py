@@ -577,13 +577,7 @@ def _choice(value: object, field: str, choices: tuple[str, ...]) -> str:
 
 
 def _labels(value: object, path: str = "labels") -> tuple[tuple[str, str], ...]:
-    key = _plain_key(value, MAX_LABELS)  # (label sets repeat across jobs too)
-    return _parse_labels(value, path) if key is None else _labels_of(key, path)
-
-
-@lru_cache(maxsize=1024)
-def _labels_of(key: tuple, path: str) -> tuple[tuple[str, str], ...]:
-    return _parse_labels({name: item for name, _, item in key}, path)
+    return _parsed_once(_parse_labels, value, path, MAX_LABELS)  # (label sets repeat too)
 
 
 def _parse_labels(value: object, path: str) -> tuple[tuple[str, str], ...]:
@@ -742,8 +736,19 @@ def _workdir(value: object, field: str) -> str:
 def _resources(value: object, path: str) -> Resources:
     """Parsed once per distinct request: a backlog's jobs ask for a few dozen resource
     mappings between them, and quantities cost the leader a quarter of a spec's parse."""
-    key = _plain_key(value, len(_RESOURCE_FIELDS))
-    return _parse_resources(value, path) if key is None else _resources_of(key, path)
+    return _parsed_once(_parse_resources, value, path, len(_RESOURCE_FIELDS))
+
+
+def _parsed_once(parse: Any, value: object, path: str, most: int) -> Any:
+    """`parse(value, path)`, kept for a mapping of plain values seen before (errors are
+    never kept: they are raised again, with the caller's path)."""
+    key = _plain_key(value, most)
+    return parse(value, path) if key is None else _kept(parse, key, path)
+
+
+@lru_cache(maxsize=2048)
+def _kept(parse: Any, key: tuple, path: str) -> Any:
+    return parse({name: item for name, _, item in key}, path)
 
 
 def _plain_key(value: object, most: int) -> tuple | None:
@@ -758,11 +763,6 @@ def _plain_key(value: object, most: int) -> tuple | None:
             return None
         key.append((name, kind, item))
     return tuple(key)
-
-
-@lru_cache(maxsize=1024)
-def _resources_of(key: tuple, path: str) -> Resources:
-    return _parse_resources({name: item for name, _, item in key}, path)
 
 
 def _parse_resources(value: object, path: str) -> Resources:
