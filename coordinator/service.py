@@ -17,7 +17,7 @@ from coordinator.leader import Leader
 from coordinator.scheduling import PlacementConfig
 from coordinator.state import RegionState
 from mesh import subjects
-from mesh.codec import WireError, from_wire, pack, unpack, with_changes
+from mesh.codec import RepeatDecoder, WireError
 from mesh.connect import close_quietly, connect
 from mesh.lease import LeaseThread
 from mesh.schema import NodeState
@@ -43,14 +43,6 @@ def _freeze_survivors(phase: str, info: dict) -> None:
     leadership changes."""
     if phase == "stop" and info.get("generation") == 2:
         gc.freeze()  # subjects whose last heartbeat is kept for comparison
-
-
-def _compared(raw: dict) -> tuple:
-    """A message's values with its lists and maps packed to bytes: plain values only,
-    which the collector stops tracking, and equal packed forms only where msgpack gave
-    equal values of the same types inside (1, 1.0 and True differ there, as they do to
-    validation; `_node_state` compares the top-level values' types itself)."""
-    return tuple(pack(v) if type(v) is list or type(v) is dict else v for v in raw.values())
 
 
 @dataclass
@@ -86,10 +78,7 @@ class Coordinator:
         self.follower: LogFollower | None = None
         self.lease: LeaseThread | None = None
         self._state_sub = None
-        # subject -> the last heartbeat's keys and compared form; and its state (apart,
-        # so that the pair holds plain values only)
-        self._last_heartbeat: dict[str, tuple[tuple, tuple]] = {}
-        self._last_state: dict[str, NodeState] = {}
+        self.heartbeats = RepeatDecoder(NodeState, MAX_REMEMBERED_HEARTBEATS)
         self._lead_lock = asyncio.Lock()
         self._stopped = asyncio.Event()
 
@@ -181,41 +170,9 @@ class Coordinator:
             await leader.stop()
             log.info("%s stepped down (term %d)", self.candidate_id, leader.term)
 
-    def _node_state(self, subject: str, data: bytes) -> NodeState:
-        """Decode a heartbeat. Each is compared with the node's previous one, and only
-        the fields that changed are validated (most change only the clock; a busy node's
-        also its task list): 5,000 nodes a second validated whole cost the leader a
-        third of a core. The result is what a full decode gives (tested).
-
-        The previous one is kept in a compared form (`_compared`) the collector does
-        not track: kept as msgpack gave it, a heartbeat's lists and maps stayed alive
-        for a whole period, 8 tracked objects a heartbeat, and their promotion started
-        a full collection (50-100 ms at 5,000 nodes) every few seconds."""
-        raw = unpack(data)
-        if type(raw) is not dict:
-            return from_wire(NodeState, raw)  # says what is wrong
-        keys = tuple(raw)
-        form = _compared(raw)
-        last = self._last_heartbeat.get(subject)
-        if last is not None and last[0] == keys:
-            changes = {
-                k: raw[k]
-                for k, now, before in zip(keys, form, last[1], strict=True)
-                if now != before or now.__class__ is not before.__class__
-            }
-            st = with_changes(self._last_state[subject], changes)
-        else:
-            st = from_wire(NodeState, raw)
-            if len(self._last_heartbeat) >= MAX_REMEMBERED_HEARTBEATS:
-                self._last_heartbeat.clear()
-                self._last_state.clear()
-        self._last_heartbeat[subject] = (keys, form)
-        self._last_state[subject] = st
-        return st
-
     async def _on_state(self, msg) -> None:
         try:
-            st = self._node_state(msg.subject, msg.data)
+            st = self.heartbeats.decode(msg.subject, msg.data)
         except WireError as exc:
             self.bad_states += 1
             log.debug("bad node state dropped: %s", exc)

@@ -124,10 +124,9 @@ def test_a_repeated_heartbeat_is_decoded_as_a_full_one_would_be():
     """The coordinator compares a heartbeat with the node's previous one and validates
     only the clock when nothing else changed: the result must be what a full decode
     gives, and a bad clock must still be refused."""
-    from coordinator.service import Coordinator, CoordinatorConfig
-    from mesh.codec import WireError, decode, encode, pack, unpack
+    from mesh.codec import RepeatDecoder, WireError, decode, encode, pack, unpack
 
-    coord = Coordinator(CoordinatorConfig("nats://127.0.0.1:1"))
+    heartbeats = RepeatDecoder(NodeState)
     subject = "mesh.default.state.n1"
     first = NodeState("n1", "default", 1, 10.0, Resources(cpu=4000), labels={"a": "b"})
     again = dataclasses.replace(first, seq=2, ts=11.5)
@@ -137,12 +136,12 @@ def test_a_repeated_heartbeat_is_decoded_as_a_full_one_would_be():
     gpus = dataclasses.replace(busy, seq=5, tasks=("j.w.1#1",), gpus=(gpu,))
     for state in (first, again, changed, again, busy, gpus, busy, first):
         data = encode(state)
-        assert coord._node_state(subject, data) == decode(NodeState, data) == state
+        assert heartbeats.decode(subject, data) == decode(NodeState, data) == state
     raw = unpack(encode(again))
     raw["later_field"] = 1  # unknown fields are ignored, whether new or changed
-    assert coord._node_state(subject, pack(raw)) == again
+    assert heartbeats.decode(subject, pack(raw)) == again
     raw["later_field"] = 2
-    assert coord._node_state(subject, pack(raw)) == again
+    assert heartbeats.decode(subject, pack(raw)) == again
     for bad in (
         {"ts": "late"},
         {"seq": -1},
@@ -158,8 +157,8 @@ def test_a_repeated_heartbeat_is_decoded_as_a_full_one_would_be():
         raw = unpack(encode(busy))
         raw.update(bad)
         with pytest.raises(WireError):
-            coord._node_state(subject, pack(raw))
-        assert coord._node_state(subject, encode(busy)) == busy
+            heartbeats.decode(subject, pack(raw))
+        assert heartbeats.decode(subject, encode(busy)) == busy
 
 
 def test_every_heartbeat_and_status_change_is_in_the_journal():
@@ -237,10 +236,9 @@ def test_a_kept_heartbeat_leaves_only_its_state_for_the_collector():
     kept full collections coming every few seconds at 5,000 nodes)."""
     import gc
 
-    from coordinator.service import Coordinator, CoordinatorConfig
-    from mesh.codec import encode
+    from mesh.codec import RepeatDecoder, encode
 
-    coord = Coordinator(CoordinatorConfig("nats://127.0.0.1:1"))
+    heartbeats = RepeatDecoder(NodeState)
     gpus = tuple(GpuStatus(i, f"GPU-{i}", "L4", 24 * 2**30, 2**30, 40) for i in range(8))
     first = NodeState(
         "n1",
@@ -254,8 +252,19 @@ def test_a_kept_heartbeat_leaves_only_its_state_for_the_collector():
     )
     subject = "mesh.default.state.n1"
     for state in (first, dataclasses.replace(first, seq=2, ts=11.0, tasks=("j.w.0#1",))):
-        assert coord._node_state(subject, encode(state)) == state
+        assert heartbeats.decode(subject, encode(state)) == state
         gc.collect()
         gc.collect()  # a tuple of tuples is let go a collection after its items
-        kept = [v for v in coord._last_heartbeat.values() if gc.is_tracked(v)]
+        kept = [v for v in heartbeats.forms.values() if gc.is_tracked(v)]
         assert kept == [], kept
+
+
+def test_a_repeat_decoder_forgets_its_senders_at_its_limit_and_still_decodes():
+    from mesh.codec import RepeatDecoder, decode, encode
+
+    heartbeats = RepeatDecoder(NodeState, limit=2)
+    states = [NodeState(f"n{i}", "default", 1, 10.0, Resources(cpu=4000)) for i in range(3)]
+    for st_ in states + [dataclasses.replace(s, seq=2) for s in states]:
+        data = encode(st_)
+        assert heartbeats.decode(st_.node_id, data) == decode(NodeState, data) == st_
+        assert len(heartbeats.forms) == len(heartbeats.last) <= 2
