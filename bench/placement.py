@@ -35,6 +35,8 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
+
 from agent.hollow import HollowNode, inventory_mix
 from bench._util import (
     loadavg,
@@ -52,16 +54,14 @@ from coordinator.scheduling import PlacementConfig, place_jobs
 from coordinator.state import RegionState
 from mesh import subjects
 from mesh.client import MeshClient
-from mesh.codec import WireError, decode
+from mesh.codec import WireError, unpack
 from mesh.connect import close_quietly, connect
 from mesh.schema import (
     MAX_BATCH,
     JobSubmitted,
-    LeaderElected,
     LogEntry,
     LogEvent,
     TaskPlaced,
-    TaskUpdated,
 )
 from mesh.server import EmbeddedServer, ServerConfig
 from workloads.generator import WorkloadConfig, generate
@@ -203,6 +203,36 @@ def reached(times, t0: float) -> dict[str, float]:
     }
 
 
+def cpu_seconds(pid: int, children: bool = True) -> float:
+    """User plus system CPU seconds of a process, and of its children if asked (py-spy,
+    when profiling, runs the coordinator as its child); 0 once it is gone."""
+    try:
+        proc = psutil.Process(pid)
+        total = 0.0
+        for p in (proc, *(proc.children(recursive=True) if children else ())):
+            t = p.cpu_times()
+            total += t.user + t.system
+        return total
+    except psutil.Error:
+        return 0.0
+
+
+def cpu_share(samples: list[tuple[float, dict]], t0: float, t1: float, tasks: int) -> dict:
+    """Per process, CPU seconds and microseconds per task between the samples taken at
+    t0 and first at or after t1 (samples: (perf_counter time, Region.cpu())); and the
+    cores the region used on average over that span."""
+    start = next((c for t, c in samples if t >= t0), None)
+    end = next((c for t, c in samples if t >= t1), samples[-1][1] if samples else None)
+    if start is None or end is None or not tasks or t1 <= t0:
+        return {}
+    used = {name: round(end[name] - start[name], 2) for name in start}
+    return {
+        "cpu_s": used,
+        "us_per_task": {name: round(1e6 * v / tasks) for name, v in used.items()},
+        "cores": round(sum(used.values()) / (t1 - t0), 2),
+    }
+
+
 class LogCount:
     """Counts placements and RUNNING tasks on the job log as they land."""
 
@@ -217,23 +247,29 @@ class LogCount:
         self.elections = 0  # LeaderElected entries seen (the first one included)
 
     async def on_msg(self, msg) -> None:
+        """Reads each entry as plain data. Decoded whole (every event validated and built
+        as the leader's followers do), the entries cost this process a fifth of a core in
+        the e2e phase: taken from the two cores that the leader it measures runs on."""
         now = time.perf_counter()
         try:
-            entry = decode(LogEntry, msg.data, max_size=16 * 1024 * 1024)
+            entry = unpack(msg.data, max_size=16 * 1024 * 1024)
         except WireError:
             return
-        for ev in entry.events:
-            if isinstance(ev, JobSubmitted):
-                self.logged_at[ev.job_id] = now
-            elif isinstance(ev, TaskPlaced):
+        events = entry.get("events") if type(entry) is dict else None
+        for ev in events if type(events) is list else ():
+            tag = ev.get("_t") if type(ev) is dict else None
+            if tag == "TaskPlaced":
                 self.placed += 1
                 self.last_placed = now
-                self.placed_at.setdefault(ev.job_id, []).append(now)
-            elif isinstance(ev, TaskUpdated) and ev.state == "RUNNING":
-                self.running += 1
-                self.last_running = now
-                self.running_at.append(now)
-            elif isinstance(ev, LeaderElected):
+                self.placed_at.setdefault(ev.get("job_id"), []).append(now)
+            elif tag == "TaskUpdated":
+                if ev.get("state") == "RUNNING":
+                    self.running += 1
+                    self.last_running = now
+                    self.running_at.append(now)
+            elif tag == "JobSubmitted":
+                self.logged_at[ev.get("job_id")] = now
+            elif tag == "LeaderElected":
                 self.elections += 1
 
 
@@ -299,6 +335,16 @@ class Region:
         cmd += ["--heartbeat", str(self.heartbeat)]
         self.procs.append(spawn(mesh_command(url, REGION, *cmd), self.work / "fleet.log"))
         await self._wait(lambda info: info["nodes"].get("ready", 0) >= self.nodes, 300)
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds (user + system) each process of the region has used so far: the
+        leader (the coordinator process), the hollow fleet, nats-server, and this bench
+        process (its submits and its log counter). All share this machine's cores, so
+        what the others use is not the leader's."""
+        procs = {"leader": self.procs[0], "fleet": self.procs[1], "nats": self.server.proc}
+        out = {name: cpu_seconds(p.pid) for name, p in procs.items()}
+        out["bench"] = cpu_seconds(os.getpid(), children=False)  # the others are its children
+        return out
 
     async def _wait(self, pred, timeout: float = 120) -> dict:
         t0 = time.monotonic()
@@ -377,13 +423,15 @@ async def durable(args: argparse.Namespace, work: Path) -> dict:
         print(
             f"durable: {len(specs):,} jobs submitted in {submit_s:.1f}s, held; lifting", flush=True
         )
-        first = time.perf_counter()
+        samples = [(time.perf_counter(), region.cpu())]
+        first = samples[0][0]
         await region.client.pool_apply({"pools": {"/bench": {}}})
         # Wait until both the log and the assignment stream stop moving (a leader
         # change pauses placement for a few seconds).
         last, still, seq, seq_at = -1, 0, seq0, time.perf_counter()
         while still < 40:
             await asyncio.sleep(0.25)
+            samples.append((time.perf_counter(), region.cpu()))
             now_seq = await region.assign_seq()
             if now_seq != seq:
                 seq, seq_at = now_seq, time.perf_counter()
@@ -399,11 +447,13 @@ async def durable(args: argparse.Namespace, work: Path) -> dict:
         # A long tail (the last jobs found in far windows of the queue) stretches the
         # span: when half, 90 % and 99 % of the placements had landed tells the shape.
         reach = reached((t for ts in c.placed_at.values() for t in ts), first)
+        cpu = cpu_share(samples, first, first + durable_span, c.placed)
         print(
             f"durable: {c.placed:,} of {args.backlog:,} tasks placed on the log in {span:.2f}s "
             f"= {rate or 0:,.0f} tasks/s; with their assignments stored ({assigned:,} messages) "
             f"in {durable_span:.2f}s = {durable_rate or 0:,.0f} tasks/s; placed by {reach} "
-            f"(from the limit's lifting; submit {submit_s:.1f}s)"
+            f"(from the limit's lifting; submit {submit_s:.1f}s); CPU per task, us: "
+            f"{cpu.get('us_per_task')} ({cpu.get('cores')} cores busy)"
         )
         return {
             "nodes": args.nodes,
@@ -417,6 +467,7 @@ async def durable(args: argparse.Namespace, work: Path) -> dict:
             "placed_by": reach,
             "submit_s": round(submit_s, 2),
             "leader_elections": c.elections,
+            "cpu": cpu,
         }
     finally:
         await region.stop()
@@ -436,23 +487,27 @@ async def e2e_and_latency(args: argparse.Namespace, work: Path) -> tuple[dict, d
         total = sum(sum(g.get("count", 1) for g in s["tasks"]) for s in specs)
         c = region.count
         print(f"e2e: submitting {len(specs):,} jobs", flush=True)
-        t0 = time.perf_counter()
+        samples = [(time.perf_counter(), region.cpu())]
+        t0 = samples[0][0]
         await region.submit(specs)
         submit_s = time.perf_counter() - t0
         deadline = time.monotonic() + args.timeout
         last, still = -1, 0
         while c.running < total and time.monotonic() < deadline and still < 20:
             await asyncio.sleep(0.5)
+            samples.append((time.perf_counter(), region.cpu()))
             still = still + 1 if c.running == last else 0
             last = c.running
         e2e_s = c.last_running - t0
+        cpu = cpu_share(samples, t0, c.last_running, c.running)
         rate = c.running / e2e_s if e2e_s > 0 else None
         placed_by = reached((t for ts in c.placed_at.values() for t in ts), t0)
         running_by = reached(c.running_at, t0)
         print(
             f"e2e: {c.running:,} of {total:,} tasks RUNNING {e2e_s:.2f}s after the first submit "
             f"= {rate or 0:,.0f} tasks/s (submits took {submit_s:.1f}s; placed by {placed_by}, "
-            f"running by {running_by})"
+            f"running by {running_by}); CPU per task, us: {cpu.get('us_per_task')} "
+            f"({cpu.get('cores')} cores busy)"
         )
         e2e = {
             "nodes": args.nodes,
@@ -464,6 +519,7 @@ async def e2e_and_latency(args: argparse.Namespace, work: Path) -> tuple[dict, d
             "placed_by": placed_by,
             "running_by": running_by,
             "leader_elections": c.elections,
+            "cpu": cpu,
         }
         latency = await steady_latency(args, region)
         return e2e, latency
