@@ -15,7 +15,8 @@ Six measurements, each reported with what it ran on:
    last assignment acknowledged by the ASSIGN stream: tasks placed per second with
    their placements and assignments durably written.
 4. e2e: a fresh region with the nodes up; first submit to last task RUNNING on the job
-   log, for M tasks.
+   log, for M tasks. Both (3) and (4) also report each process's CPU per task (the
+   leader, the fleet, nats-server, this bench): all share this machine's cores.
 5. latency: the e2e region kept about half full by a steady stream of jobs; per job,
    submit to every task PLACED on the log, p50/p99.
 6. ray: the same gang shapes placed by our region of K hollow nodes and by Ray placement
