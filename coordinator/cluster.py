@@ -47,6 +47,13 @@ class ClusterView:
         # sweep stops at the first node heard from recently.
         self._by_age: dict[str, None] = {}
         self._ready: list[NodeView] | None = None  # READY views by node id, kept
+        # How far the region's task events have been handled, as the leader last checked
+        # (`events_check_started`, `events_checked`): a node stops listing an ended task
+        # once its outcome is in the events stream, not once the outcome is logged.
+        self.events_checks = 0  # checks started
+        self.events_checked = 0  # the number of the last check completed
+        self.events_last = 0  # the events stream's last sequence when that check began
+        self.events_floor = 0  # every event up to this sequence was handled by a leader
 
     def observe(self, state: NodeState, now: float) -> bool:
         """Record a heartbeat; True if the node is new or came back (worth a reconcile)."""
@@ -76,6 +83,17 @@ class ClusterView:
         self.nodes[node_id] = NodeView(placeholder, now)
         self._ready = None
         self._heard(node_id)
+
+    def events_check_started(self) -> int:
+        """A check of the events stream begins; its number, for `events_checked_at`."""
+        self.events_checks += 1
+        return self.events_checks
+
+    def events_checked_at(self, check: int, last: int, floor: int) -> None:
+        """Check `check` found the events stream at sequence `last` (read first) and
+        every event up to `floor` acknowledged by the leaders' consumer (read after)."""
+        if check > self.events_checked:
+            self.events_checked, self.events_last, self.events_floor = check, last, floor
 
     def sweep(self, now: float) -> list[str]:
         """Update statuses from heartbeat age; returns nodes whose status changed."""

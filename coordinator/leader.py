@@ -55,6 +55,9 @@ RECONCILE_EVERY_S = 0.5
 KILL_RESEND_S = 5.0
 MAX_ROUNDS = 20
 EVENTS_ACK_WAIT_S = 3.0
+# How often the leader reads how far the task events are handled (two JetStream API
+# requests): a task a node stopped listing is LOST only after such a check (reconcile).
+EVENTS_CHECK_EVERY_S = 1.0
 # Agent report messages taken per fetch: each fetch, append and acknowledgement waits
 # its turn behind placement rounds on the loop (a cycle took 2-3 s while 50,000 tasks
 # were submitted to 5,000 nodes), and each fetch asks the server for at most this many,
@@ -140,6 +143,7 @@ class Leader:
         await self._events.start()
         self._tasks = [
             asyncio.create_task(self._reconcile_loop(), name="leader-reconcile"),
+            asyncio.create_task(self._check_events_loop(), name="leader-events-check"),
         ]
 
     async def stop(self) -> None:
@@ -401,6 +405,24 @@ class Leader:
             wait_s=1.0,
             linger_s=0.002,
         )
+
+    async def _check_events_loop(self) -> None:
+        """Keeps the cluster's `events_*` current: the stream's last sequence, read
+        first, then the sequence up to which the leaders' consumer acknowledged every
+        event. A check that fails (JetStream away) leaves the last one standing, so no
+        task is declared forgotten on what cannot be read."""
+        c = self.coord
+        stream = subjects.events_stream(c.region)
+        while True:
+            await asyncio.sleep(EVENTS_CHECK_EVERY_S)
+            check = c.cluster.events_check_started()
+            try:
+                last = (await c.js.stream_info(stream)).state.last_seq
+                info = await c.js.consumer_info(stream, subjects.events_consumer())
+            except Exception as exc:
+                log.debug("events check failed: %r", exc)
+                continue
+            c.cluster.events_checked_at(check, last, info.ack_floor.stream_seq)
 
     async def _handle_events(self, msgs) -> None:
         decoded = [self._events_of(msg) for msg in msgs]

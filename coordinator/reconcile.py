@@ -159,11 +159,20 @@ def _lose_tasks_a_node_forgot(
     """A RUNNING task its node's heartbeats have stopped listing for FORGOTTEN_AFTER_S is
     LOST: the agent restarted without it (a corrupt store, a hollow fleet restarted inside
     the down deadline) and nobody would ever report its end. A node keeps listing a task
-    that ended until its outcome is stored (even while JetStream is away), so the wait
-    only has to cover a heartbeat crossing that outcome, and agents older than that.
-    Times are the agent's own clock (heartbeat and task events alike), so only nodes
-    that heartbeat since the last round (the cluster's journal) are looked at."""
-    missing: dict[tuple[str, int], float] = state.memo.setdefault("forgot_missing", {})
+    that ended until its outcome is stored in the events stream (even while JetStream is
+    away), so the wait only has to cover a heartbeat crossing that outcome, and agents
+    older than that. Stored is not logged: while the log cannot take the leader's
+    appends (its stream's server died), or after a failover, the outcome waits in the
+    events stream, and a task declared LOST meanwhile ran again after it had succeeded.
+    So a task is also only LOST once every event stored before the node stopped listing
+    it was handled: a check of the events stream begun after that (the cluster's
+    `events_*`, kept by the leader) read its last sequence, and a later one found the
+    leaders' consumer acknowledged up to it. Times are the agent's own clock (heartbeat
+    and task events alike), so only nodes that heartbeat since the last round (the
+    cluster's journal) are looked at."""
+    # (task, attempt) -> [agent time it was first missed, events checks begun by then,
+    # the events stream's last sequence as the first check begun after read it]
+    missing: dict[tuple[str, int], list] = state.memo.setdefault("forgot_missing", {})
     for key in [k for k in missing if _not_running(state, k)]:
         del missing[key]
     heard = nodes.changes.since(state.memo.get("forgot_mark"))
@@ -185,11 +194,23 @@ def _lose_tasks_a_node_forgot(
                     missing.pop((tid, t.attempt), None)
                 continue
             key = (tid, t.attempt)
-            if ts - missing.setdefault(key, ts) >= FORGOTTEN_AFTER_S:
+            seen = missing.get(key)
+            if seen is None:
+                seen = missing[key] = [ts, nodes.events_checks, None]
+            if seen[2] is None and nodes.events_checked > seen[1]:
+                seen[2] = nodes.events_last
+            if ts - seen[0] >= FORGOTTEN_AFTER_S and _events_handled(seen[2], nodes):
                 del missing[key]
                 lost.append(tid)
         why = f"has not reported it for {FORGOTTEN_AFTER_S:.0f}s (restarted without it?)"
         d.events.extend(_lost(state, tid, node_id, now, why) for tid in sorted(lost))
+
+
+def _events_handled(upto: int | None, nodes: ClusterView) -> bool:
+    """Every task event up to sequence `upto` of the events stream was acknowledged by
+    the leaders' consumer (logged, or found to need no entry). A stream that went back
+    (deleted and made again) lost what it held: what it holds now is what counts."""
+    return upto is not None and nodes.events_floor >= min(upto, nodes.events_last)
 
 
 def _lost(state: RegionState, tid: str, node_id: str, now: float, why: str) -> TaskUpdated:

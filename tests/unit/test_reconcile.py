@@ -731,19 +731,75 @@ def heard(kept: ClusterView | None):
     return next_view
 
 
+def events(nodes: ClusterView, checks: int, checked: int, last: int, floor: int) -> ClusterView:
+    """The leader's checks of the events stream, as its shell records them: `checks`
+    begun, the last completed being number `checked`, which read the stream's last
+    sequence `last` and the consumer acknowledged up to `floor`."""
+    nodes.events_checks, nodes.events_checked = checks, checked
+    nodes.events_last, nodes.events_floor = last, floor
+    return nodes
+
+
 @pytest.mark.parametrize("kept", [False, True])
 def test_a_running_task_its_node_stopped_listing_is_lost_after_a_while(kept):
     log = Log()
     log.submit("j", count=1)
     log.run("j.w.0", "n1")  # RUNNING since ts 3.0 (the agent's clock)
     nodes = heard(cluster() if kept else None)
-    assert updates(log.step(nodes(beat("n1", 2, 4.0, ("j.w.0#1",))))) == []
+    assert updates(log.step(events(nodes(beat("n1", 2, 4.0, ("j.w.0#1",))), 1, 1, 5, 5))) == []
     # The agent restarted without it: missing, but not yet for FORGOTTEN_AFTER_S.
-    assert updates(log.step(nodes(beat("n1", 3, 5.0)))) == []
-    assert updates(log.step(nodes(beat("n1", 4, 5.0 + FORGOTTEN_AFTER_S - 0.1)))) == []
-    d = log.step(nodes(beat("n1", 5, 5.0 + FORGOTTEN_AFTER_S)))
+    assert updates(log.step(events(nodes(beat("n1", 3, 5.0)), 1, 1, 5, 5))) == []
+    late = 5.0 + FORGOTTEN_AFTER_S - 0.1
+    assert updates(log.step(events(nodes(beat("n1", 4, late)), 2, 2, 6, 6))) == []
+    d = log.step(events(nodes(beat("n1", 5, 5.0 + FORGOTTEN_AFTER_S)), 2, 2, 6, 6))
     assert updates(d) == [("j.w.0", S.LOST)]
     assert "node n1 has not reported it for 10s" in d.events[0].message
+
+
+def missed_long_enough(kept: bool):
+    """A RUNNING task its node stopped listing at ts 5.0 (the events stream then at 7,
+    all handled), and the agent's clock FORGOTTEN_AFTER_S later."""
+    log = Log()
+    log.submit("j", count=1)
+    log.run("j.w.0", "n1")
+    nodes = heard(cluster() if kept else None)
+    log.step(events(nodes(beat("n1", 2, 5.0)), 1, 1, 7, 7))
+    return log, nodes, 5.0 + FORGOTTEN_AFTER_S
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_forgotten_task_waits_until_the_events_stored_before_are_handled(kept):
+    """Its node stops listing an ended task once the outcome is in the events stream:
+    while the leader has not logged it (the log's server died, a failover), LOST would
+    run a task again that succeeded."""
+    log, nodes, ts = missed_long_enough(kept)
+    # Long enough by the agent's clock, but no check of the events began since.
+    assert updates(log.step(events(nodes(beat("n1", 3, ts)), 1, 1, 7, 7))) == []
+    # One began, not done yet; then done: the stream held up to 9, handled up to 8.
+    assert updates(log.step(events(nodes(beat("n1", 4, ts + 1)), 2, 1, 7, 7))) == []
+    assert updates(log.step(events(nodes(beat("n1", 5, ts + 2)), 2, 2, 9, 8))) == []
+    # A later check: handled past 9 (more events came meanwhile): nobody logged an end.
+    d = log.step(events(nodes(beat("n1", 6, ts + 3)), 3, 3, 12, 9))
+    assert updates(d) == [("j.w.0", S.LOST)]
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_forgotten_task_whose_outcome_is_logged_meanwhile_is_not_lost(kept):
+    log, nodes, ts = missed_long_enough(kept)
+    assert updates(log.step(events(nodes(beat("n1", 3, ts)), 2, 2, 9, 8))) == []
+    log.update("j.w.0", S.SUCCEEDED, exit_code=0)  # event 9: logged, then acknowledged
+    d = log.step(events(nodes(beat("n1", 4, ts + 1)), 3, 3, 9, 9))
+    assert updates(d) == [] and placements(d) == []
+    assert log.state.tasks["j.w.0"].state == S.SUCCEEDED
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_an_events_stream_made_again_counts_from_what_it_holds(kept):
+    log, nodes, ts = missed_long_enough(kept)
+    assert updates(log.step(events(nodes(beat("n1", 3, ts)), 2, 2, 9, 8))) == []
+    # Deleted and made again: it holds 2 events, both handled; 9 is gone for good.
+    d = log.step(events(nodes(beat("n1", 4, ts + 1)), 3, 3, 2, 2))
+    assert updates(d) == [("j.w.0", S.LOST)]
 
 
 @pytest.mark.parametrize("kept", [False, True])
