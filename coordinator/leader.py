@@ -20,8 +20,8 @@ from coordinator.joblog import Fenced, LogWriter, Unavailable
 from coordinator.pooling import PoolView, preemptions
 from coordinator.reconcile import (
     Kill,
-    agent_event,
     reconcile,
+    report_outcomes,
     report_parts,
     reports_fetch,
     still_placed,
@@ -39,7 +39,6 @@ from mesh.schema import (
     TaskEvent,
     TaskPlaced,
     TaskSpec,
-    TaskUpdated,
     decode_task_events,
 )
 from mesh.signing import sign, sign_batch
@@ -457,15 +456,7 @@ class Leader:
     async def _log_reports(self, chunk) -> bool:
         """Log what these messages' events mean, then acknowledge the messages; False
         if they could not be logged (then they come again)."""
-        updates: list[TaskUpdated] = []
-        stale: list[Kill] = []
-        for _, events in chunk:
-            for ev in events:
-                outcome = agent_event(self.state, ev)
-                if isinstance(outcome, TaskUpdated):
-                    updates.append(outcome)
-                elif isinstance(outcome, Kill):
-                    stale.append(outcome)
+        updates, stale = report_outcomes(self.state, (ev for _, evs in chunk for ev in evs))
         if updates:
             try:
                 await self.writer.append(updates)

@@ -67,10 +67,13 @@ def reconcile(
     return d
 
 
-def agent_event(state: RegionState, ev: TaskEvent) -> TaskUpdated | Kill | None:
+def agent_event(
+    state: RegionState, ev: TaskEvent, now_in: TaskState | None = None
+) -> TaskUpdated | Kill | None:
     """What an agent's report means for the log: the current attempt's transition (a
     KILLED of an attempt being reclaimed is logged as PREEMPTED, so it is requeued), a
-    kill for a copy that should not be running, or nothing (unknown or already ended)."""
+    kill for a copy that should not be running, or nothing (unknown or already ended).
+    `now_in`: the task's state as reports not yet logged leave it (`report_outcomes`)."""
     t = state.tasks.get(ev.task_id)
     if t is None:
         return None
@@ -78,7 +81,8 @@ def agent_event(state: RegionState, ev: TaskEvent) -> TaskUpdated | Kill | None:
         new_state, message = ev.state, ev.message
         if new_state == TaskState.KILLED and t.preempt_reason:
             new_state, message = TaskState.PREEMPTED, t.preempt_reason
-        if new_state == t.state or not can_transition(t.state, new_state):
+        was = t.state if now_in is None else now_in
+        if new_state == was or not can_transition(was, new_state):
             # The log has it already (an event redelivered to a new leader after the old
             # one logged it but died before acknowledging it), or a later one of the same
             # attempt (that RUNNING redelivered after its SUCCEEDED was logged). Logged,
@@ -105,6 +109,27 @@ def agent_event(state: RegionState, ev: TaskEvent) -> TaskUpdated | Kill | None:
         ev.attempt,
         "stale copy: this attempt is no longer assigned to this node",
     )
+
+
+def report_outcomes(
+    state: RegionState, events: Iterable[TaskEvent]
+) -> tuple[list[TaskUpdated], list[Kill]]:
+    """What agents' reports, logged together, mean for the log, in order: each is judged
+    on the state the ones before it leave, so a report that came twice in one fetch
+    (two stream messages for one transition, whatever their route: the stream's
+    de-duplication window is a time, and its id the sender's) is logged once; judged
+    each on the state alone, both were, in one entry."""
+    updates: list[TaskUpdated] = []
+    kills: list[Kill] = []
+    now_in: dict[str, TaskState] = {}
+    for ev in events:
+        outcome = agent_event(state, ev, now_in.get(ev.task_id))
+        if isinstance(outcome, TaskUpdated):
+            updates.append(outcome)
+            now_in[outcome.task_id] = outcome.state
+        elif isinstance(outcome, Kill):
+            kills.append(outcome)
+    return updates, kills
 
 
 def report_parts(sizes: Sequence[int], limit: int) -> list[range]:

@@ -17,6 +17,7 @@ from coordinator.reconcile import (
     Kill,
     agent_event,
     reconcile,
+    report_outcomes,
     report_parts,
     reports_fetch,
 )
@@ -707,6 +708,32 @@ def test_agent_events_become_log_updates_preemptions_or_stale_kills():
     log.run("k.w.0", "a")
     log.update("k.w.0", S.SUCCEEDED, exit_code=0)
     assert agent_event(log.state, TaskEvent("a", "k", "k.w.0", 1, S.RUNNING, 6.0)) is None
+
+
+def test_reports_logged_together_are_judged_in_order():
+    """The same report twice in one fetch (two stream messages for one transition) is
+    logged once; a report the ones before it overtook (RUNNING after SUCCEEDED) is not
+    logged at all."""
+    log = Log()
+    log.submit("j", count=2)
+    log.place("j.w.0", "a")
+    log.place("j.w.1", "a")
+    running = TaskEvent("a", "j", "j.w.0", 1, S.RUNNING, 3.0)
+    done = TaskEvent("a", "j", "j.w.0", 1, S.SUCCEEDED, 4.0, exit_code=0)
+    other = TaskEvent("a", "j", "j.w.1", 1, S.RUNNING, 3.0)
+    stale = TaskEvent("b", "j", "j.w.1", 1, S.RUNNING, 3.0)
+    updates, kills = report_outcomes(log.state, [running, other, running, done, running, stale])
+    assert [(u.task_id, u.state) for u in updates] == [
+        ("j.w.0", S.RUNNING),
+        ("j.w.1", S.RUNNING),
+        ("j.w.0", S.SUCCEEDED),
+    ]
+    assert [(k.node_id, k.task_id) for k in kills] == [("b", "j.w.1")]
+    # Judged on the state alone, each copy was a transition to log.
+    assert all(isinstance(agent_event(log.state, ev), TaskUpdated) for ev in (running, running))
+    log.append(*updates)
+    assert log.state.tasks["j.w.0"].state == S.SUCCEEDED
+    assert report_outcomes(log.state, [running, done]) == ([], [])
 
 
 def beat(node_id: str, seq: int, ts: float, tasks: tuple[str, ...] = ()) -> NodeView:
