@@ -326,6 +326,16 @@ def _cpu(p: psutil.Process) -> float:
     return t.user + t.system
 
 
+def cpu_seconds(pid: int, children: bool = True) -> float:
+    """User plus system CPU seconds of a process so far, and of its children if asked
+    (py-spy, when profiling, runs the coordinator as its child); 0 once it is gone."""
+    try:
+        proc = psutil.Process(pid)
+        return sum(map(_cpu, (proc, *(proc.children(recursive=True) if children else ()))))
+    except psutil.Error:
+        return 0.0
+
+
 def runq_wait_s(pid: int) -> float:
     """Seconds the process's threads have spent runnable but waiting for a CPU
     (/proc/<pid>/task/*/schedstat, field 2): how much other load delayed it."""

@@ -36,10 +36,9 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
-
 from agent.hollow import HollowNode, inventory_mix
 from bench._util import (
+    cpu_seconds,
     loadavg,
     machine,
     mesh_command,
@@ -202,20 +201,6 @@ def reached(times, t0: float) -> dict[str, float]:
         f"t{q}_s": round(times[min(len(times) - 1, int(len(times) * q / 100))] - t0, 2)
         for q in (50, 90, 99)
     }
-
-
-def cpu_seconds(pid: int, children: bool = True) -> float:
-    """User plus system CPU seconds of a process, and of its children if asked (py-spy,
-    when profiling, runs the coordinator as its child); 0 once it is gone."""
-    try:
-        proc = psutil.Process(pid)
-        total = 0.0
-        for p in (proc, *(proc.children(recursive=True) if children else ())):
-            t = p.cpu_times()
-            total += t.user + t.system
-        return total
-    except psutil.Error:
-        return 0.0
 
 
 def cpu_share(samples: list[tuple[float, dict]], t0: float, t1: float, tasks: int) -> dict:

@@ -69,7 +69,7 @@ def test_cpu_seconds_of_this_process_grow_and_a_gone_one_is_zero():
     import subprocess
     import sys
 
-    from bench.placement import cpu_seconds
+    from bench._util import cpu_seconds
 
     before = cpu_seconds(os.getpid(), children=False)
     sum(i * i for i in range(300_000))
