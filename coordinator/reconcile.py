@@ -195,9 +195,7 @@ def _lose_tasks_a_node_forgot(
     leaders' consumer acknowledged up to it. Times are the agent's own clock (heartbeat
     and task events alike), so only nodes that heartbeat since the last round (the
     cluster's journal) are looked at."""
-    # (task, attempt) -> [agent time it was first missed, events checks begun by then,
-    # the events stream's last sequence as the first check begun after read it]
-    missing: dict[tuple[str, int], list] = state.memo.setdefault("forgot_missing", {})
+    missing: dict[tuple[str, int], _Missed] = state.memo.setdefault("forgot_missing", {})
     for key in [k for k in missing if _not_running(state, k)]:
         del missing[key]
     heard = nodes.changes.since(state.memo.get("forgot_mark"))
@@ -221,14 +219,23 @@ def _lose_tasks_a_node_forgot(
             key = (tid, t.attempt)
             seen = missing.get(key)
             if seen is None:
-                seen = missing[key] = [ts, nodes.events_checks, None]
-            if seen[2] is None and nodes.events_checked > seen[1]:
-                seen[2] = nodes.events_last
-            if ts - seen[0] >= FORGOTTEN_AFTER_S and _events_handled(seen[2], nodes):
+                seen = missing[key] = _Missed(ts, nodes.events_checks)
+            if seen.upto is None and nodes.events_checked > seen.checks:
+                seen.upto = nodes.events_last
+            if ts - seen.since >= FORGOTTEN_AFTER_S and _events_handled(seen.upto, nodes):
                 del missing[key]
                 lost.append(tid)
         why = f"has not reported it for {FORGOTTEN_AFTER_S:.0f}s (restarted without it?)"
         d.events.extend(_lost(state, tid, node_id, now, why) for tid in sorted(lost))
+
+
+@dataclass(slots=True)
+class _Missed:
+    """A RUNNING attempt its node's heartbeats no longer list."""
+
+    since: float  # the agent's clock when first missed
+    checks: int  # events checks begun by then
+    upto: int | None = None  # the stream's last sequence, per the first check begun after
 
 
 def _events_handled(upto: int | None, nodes: ClusterView) -> bool:
