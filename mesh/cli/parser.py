@@ -1,0 +1,188 @@
+"""The `mesh` command line: every command, flag and default in one place."""
+
+from __future__ import annotations
+
+import argparse
+
+from mesh.cli import certs, infer, load
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mesh", description="Mesh: schedule mixed work over NATS.")
+    p.add_argument("--nats", help="NATS URL (env MESH_NATS_URL; default: the `mesh up` context)")
+    p.add_argument("--region", help="region (env MESH_REGION; default: context or 'default')")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--certs",
+        help="certificate directory; each component uses its identity's files there "
+        "(env MESH_CERTS; default: the `mesh up` context)",
+    )
+    p.add_argument("--user", help="user the CLI acts as (env MESH_USER; default admin)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no TLS, no client certificate (development; env MESH_INSECURE=1)",
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    up = sub.add_parser("up", help="run a whole region on this machine until interrupted")
+    up.add_argument("--sim-nodes", type=int, default=0, help="simulated nodes to add")
+    up.add_argument("--candidates", type=int, default=2, help="coordinator candidates")
+    up.add_argument("--port", type=int, default=4222, help="NATS port (0: any free port)")
+    up.add_argument(
+        "--state-dir", help="where NATS and the agent keep state (default $MESH_HOME/up)"
+    )
+    up.add_argument("--no-agent", action="store_true", help="no real agent for this machine")
+    up.add_argument(
+        "--insecure",
+        dest="up_insecure",
+        action="store_true",
+        help="no TLS, no certificates, no permissions (development)",
+    )
+    up.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=1,
+        choices=[1, 3],
+        help="NATS servers clustered on loopback (3: streams with 3 replicas)",
+    )
+    up.add_argument(
+        "--inference-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also start an inference router and serve the numpy model with N CPU "
+        "worker replicas, placed by the coordinator on this machine's agent",
+    )
+
+    demo = sub.add_parser("demo", help="start a throwaway region, run sample jobs, summarise")
+    demo.add_argument("--sim-nodes", type=int, default=4)
+
+    ag = sub.add_parser("agent", help="run the node agent")
+    ag.add_argument("--node-id", help="default: the host name")
+    ag.add_argument("--data-dir", help="default: $MESH_HOME/agent/<node-id>")
+    ag.add_argument("--zone", default="")
+    ag.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    ag.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
+    ag.add_argument("--run-as", help="run task commands as this user")
+    ag.add_argument(
+        "--allow-root",
+        action="store_true",
+        help="let a root agent with no --run-as run task commands as root (refused otherwise)",
+    )
+    ag.add_argument(
+        "--verify-key",
+        metavar="PEM",
+        help="coordinator's Ed25519 public key: refuse assignments whose signature fails",
+    )
+    ag.add_argument("--limits", default="auto", choices=["auto", "cgroup", "rlimit", "none"])
+    ag.add_argument(
+        "--task-identity",
+        metavar="DIR",
+        help="where the worker identity's files are (DIR/ca.crt, DIR/worker-NAME.crt and "
+        ".key): handed to tasks that ask for it (inference workers), never the agent's own",
+    )
+    ag.add_argument(
+        "--task-identity-name",
+        metavar="NAME",
+        help="with --task-identity: the worker identity's name (default: the node id)",
+    )
+    ag.add_argument(
+        "--simulate",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N simulated (hollow) nodes instead of a real agent",
+    )
+    ag.add_argument("--seed", type=int, default=0, help="inventory mix seed for --simulate")
+    ag.add_argument("--prefix", default="hollow", help="with --simulate: node ids PREFIX-NNNN")
+    ag.add_argument(
+        "--cpus",
+        type=int,
+        default=0,
+        help="with --simulate: every node has this many cores (4 GiB each), no GPUs, "
+        "instead of the standard mix (for like-for-like comparisons)",
+    )
+    ag.add_argument(
+        "--kill-tasks-on-exit",
+        action="store_true",
+        help="stop running tasks when the agent stops (default: leave them to be re-adopted)",
+    )
+
+    co = sub.add_parser("coordinator", help="run a coordinator candidate")
+    co.add_argument("--id", dest="candidate_id", default=None)
+    co.add_argument("--lease-ttl", type=float, default=2.0)
+    co.add_argument("--replicas", type=int, default=1, help="replicas of the region's streams")
+    co.add_argument(
+        "--suspect-after",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="a node silent this long gets no new placements",
+    )
+    co.add_argument(
+        "--down-after",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a node silent this long is down: its tasks are LOST and placed again",
+    )
+    co.add_argument(
+        "--starve-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a gang that has waited this long holds the line until it fits (starvation "
+        "guard; default 30)",
+    )
+    co.add_argument(
+        "--signing-key", metavar="PEM", help="Ed25519 private key: sign every assignment"
+    )
+
+    job = sub.add_parser("job", help="submit and manage jobs").add_subparsers(
+        dest="job_cmd", required=True
+    )
+    run = job.add_parser("run", help="submit a job spec (YAML)")
+    run.add_argument("file", help="spec file, or - for stdin")
+    run.add_argument("--wait", action="store_true", help="wait; exit 0 only if it SUCCEEDED")
+    run.add_argument("--timeout", type=float, default=3600.0)
+    run.add_argument("--client-id", help="idempotency key (default: random)")
+    st = job.add_parser("status", help="a job's state, tasks and why it waits")
+    st.add_argument("job_id")
+    ls = job.add_parser("list", help="recent jobs")
+    ls.add_argument("--state")
+    ls.add_argument("--pool")
+    ls.add_argument("--limit", type=int, default=50)
+    kill = job.add_parser("kill", help="kill a job")
+    kill.add_argument("job_id")
+    kill.add_argument("--reason", default="")
+    lg = job.add_parser("logs", help="a task's log, from the agent that ran it")
+    lg.add_argument("job_id")
+    lg.add_argument("--task")
+    lg.add_argument("--stderr", action="store_true")
+    lg.add_argument("--tail", type=int, default=64 * 1024, help="bytes from the end")
+
+    pool = sub.add_parser("pool", help="resource pools").add_subparsers(
+        dest="pool_cmd", required=True
+    )
+    pa = pool.add_parser("apply", help="replace the pool tree with a YAML file's")
+    pa.add_argument("file", help="pools file, or - for stdin")
+    pool.add_parser(
+        "list", help="pools with reservation, limit, share, demand, allocation, entitlement"
+    )
+    pg = pool.add_parser("get", help="one pool")
+    pg.add_argument("path")
+
+    node = sub.add_parser("node", help="nodes").add_subparsers(dest="node_cmd", required=True)
+    node.add_parser("list", help="nodes with capacity and load")
+    ng = node.add_parser("get", help="one node")
+    ng.add_argument("node_id")
+
+    cl = sub.add_parser("cluster", help="region").add_subparsers(dest="cluster_cmd", required=True)
+    cl.add_parser("info", help="leader, term, node and job counts")
+
+    load.add_parser(sub)
+    certs.add_parser(sub)
+    infer.add_parsers(sub)
+    return p
