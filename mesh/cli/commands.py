@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from coordinator.pools import parse_pool_tree
-from mesh.cli import infer, load, render
+from mesh.cli import infer, jobs, load, output, render
 from mesh.cli.context import Context
 from mesh.cli.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from mesh.client import MeshClient
@@ -60,8 +62,15 @@ async def client_command(args: argparse.Namespace, ctx: Context) -> int:
         await close_quietly(nc)
 
 
-def out(args: argparse.Namespace, data: Any, human: str) -> None:
-    print(json.dumps(data, indent=2, default=str) if args.json else human)
+def out(args: argparse.Namespace, data: Any, human: str, wide: str | None = None) -> None:
+    """Print a result in the format `-o`/`--json` asked for (see mesh.cli.output)."""
+    output.emit(args, data, human, wide)
+
+
+def _view(args: argparse.Namespace, fn, data: Any) -> tuple[str, str]:
+    """A render function's table and its wide form, wrapped to the terminal."""
+    width = output.terminal_width()
+    return fn(data, width=width), fn(data, wide=True, width=width)
 
 
 async def _dispatch(args: argparse.Namespace, client: MeshClient) -> int:
@@ -85,14 +94,13 @@ async def _dispatch(args: argparse.Namespace, client: MeshClient) -> int:
     if args.cmd == "node":
         if args.node_cmd == "list":
             nodes = await client.nodes()
-            out(args, nodes, render.nodes_table(nodes))
+            out(args, nodes, *_view(args, render.nodes_table, nodes))
         else:
             node = await client.node(args.node_id)
             out(args, node, json.dumps(node, indent=2))
         return EXIT_OK
     info = await client.cluster_info()
-    human = "\n".join(f"{k:10} {v}" for k, v in info.items() if k != "ok")
-    out(args, info, human)
+    out(args, info, render.cluster_lines(info))
     return EXIT_OK
 
 
@@ -136,9 +144,18 @@ def read_checked(path: str, check) -> str | None:
     """A spec file's text (or stdin's, for '-'), checked here first so a mistake is
     reported with the same message the server would give, without a round trip."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as exc:
         print(f"cannot read {path}: {exc.strerror}", file=sys.stderr)
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        print(
+            f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+            "save it as UTF-8",
+            file=sys.stderr,
+        )
         return None
     try:
         check(text)
@@ -158,50 +175,141 @@ async def _pool(args: argparse.Namespace, client: MeshClient) -> int:
         return EXIT_OK
     if args.pool_cmd == "list":
         pools = await client.pools()
-        out(args, pools, render.pools_table(pools))
+        out(args, pools, *_view(args, render.pools_table, pools))
         return EXIT_OK
     pool = await client.pool(args.path)
-    human = (
-        render.pools_table([pool])
-        + "\njobs: "
-        + (", ".join(f"{k.lower()} {v}" for k, v in sorted(pool["jobs"].items())) or "none")
-    )
-    out(args, pool, human)
+    counts = ", ".join(f"{k.lower()} {v}" for k, v in sorted(pool["jobs"].items())) or "none"
+    human, wide = _view(args, render.pools_table, [pool])
+    out(args, pool, f"{human}\njobs: {counts}", f"{wide}\njobs: {counts}")
     return EXIT_OK
 
 
 async def _job(args: argparse.Namespace, client: MeshClient) -> int:
     if args.job_cmd == "run":
-        text = read_checked(args.file, parse_job_spec)
-        if text is None:
-            return EXIT_USAGE
-        job_id = await client.submit(text, client_id=args.client_id)
-        if not args.wait:
-            out(args, {"job_id": job_id}, job_id)
-            return EXIT_OK
-        if not args.json:
-            print(f"submitted {job_id}; waiting", file=sys.stderr)
-        job = await client.wait(job_id, timeout=args.timeout, poll=0.1)
-        out(args, job, render.job_detail(job))
-        return EXIT_OK if job["state"] == "SUCCEEDED" else EXIT_FAILED
+        return await _run(args, client)
     if args.job_cmd == "status":
         job = await client.job(args.job_id)
-        out(args, job, render.job_detail(job))
+        out(args, job, *_view(args, render.job_detail, job))
         return EXIT_OK
     if args.job_cmd == "list":
-        jobs = await client.jobs(args.state, args.pool, args.limit)
-        out(args, jobs, render.jobs_table(jobs) if jobs else "no jobs")
+        found = await client.jobs(args.state, args.pool, args.limit)
+        human, wide = _view(args, render.jobs_table, found) if found else ("no jobs", "no jobs")
+        out(args, found, human, wide)
         return EXIT_OK
     if args.job_cmd == "kill":
-        await client.kill(args.job_id, args.reason)
-        out(
-            args,
-            {"job_id": args.job_id, "kill_requested": True},
-            f"kill requested for {args.job_id}",
-        )
+        return await _kill(args, client)
+    return await _logs(args, client)
+
+
+async def _run(args: argparse.Namespace, client: MeshClient) -> int:
+    """Every file is checked before anything is sent: one bad spec submits nothing."""
+    texts = []
+    for path in args.file:
+        text = read_checked(path, parse_job_spec)
+        if text is None:
+            return EXIT_USAGE
+        texts.append((path, text))
+    if len(texts) == 1:
+        job_ids = [await client.submit(texts[0][1], client_id=args.client_id)]
+    else:
+        results = await jobs.submit_files(client, texts, args.client_id)
+        failed = [r for r in results if r.error]
+        for r in failed:
+            print(f"{r.path}: {r.error['code']}: {r.error['message']}", file=sys.stderr)
+        job_ids = [r.job_id for r in results if r.job_id]
+        if failed:
+            if job_ids:
+                print(f"submitted the other {len(job_ids)}: {' '.join(job_ids)}", file=sys.stderr)
+            return EXIT_USAGE
+    if not args.wait:
+        if len(job_ids) == 1:
+            out(args, {"job_id": job_ids[0]}, job_ids[0])
+        else:
+            data = [{"file": p, "job_id": j} for (p, _), j in zip(texts, job_ids, strict=True)]
+            out(args, data, "\n".join(job_ids))
         return EXIT_OK
+    if not args.json:
+        print(f"submitted {' '.join(job_ids)}; waiting", file=sys.stderr)
+    deadline = time.monotonic() + args.timeout
+    done = await asyncio.gather(*(_wait(client, j, deadline) for j in job_ids))
+    width = output.terminal_width()
+    human = "\n\n".join(render.job_detail(j, width=width) for j in done)
+    wide = "\n\n".join(render.job_detail(j, wide=True, width=width) for j in done)
+    out(args, done[0] if len(done) == 1 else done, human, wide)
+    late = [j for j in done if j["state"] not in FINISHED]
+    for j in late:
+        print(
+            f"timed out after {args.timeout:g}s: job {j['job_id']} is still {j['state']}: "
+            f"{render.waiting_reason(j)}",
+            file=sys.stderr,
+        )
+    return EXIT_OK if all(j["state"] == "SUCCEEDED" for j in done) else EXIT_FAILED
+
+
+FINISHED = frozenset({"SUCCEEDED", "FAILED", "KILLED"})
+
+
+async def _wait(client: MeshClient, job_id: str, deadline: float, poll: float = 0.1) -> dict:
+    """The job once it ends, or as it stands at the deadline (its waiting reason says
+    why it has not ended)."""
+    while True:
+        job = await client.job(job_id)
+        if job["state"] in FINISHED or time.monotonic() >= deadline:
+            return job
+        await asyncio.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+
+
+async def _kill(args: argparse.Namespace, client: MeshClient) -> int:
+    picks = args.state is not None or args.pool is not None or args.all
+    if args.job_id and picks:
+        print("mesh job kill: give job ids or --state/--pool/--all, not both", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.job_id and not picks:
+        print(
+            "mesh job kill: which jobs? give job ids, or --state S / --pool P, or --all",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.job_id:
+        got = await jobs.kill_many(client, args.job_id, args.reason)
+    else:
+        got = await jobs.kill_selected(client, args.state, args.pool, args.reason)
+    for job_id, exc in got.errors.items():
+        print(f"error: {job_id}: {exc.code}: {exc.message}", file=sys.stderr)
+    if args.job_id:  # named jobs that had ended are worth saying; a selector's race is not
+        for job_id in got.already_ended:
+            print(f"error: {job_id}: already ended", file=sys.stderr)
+    n = len(got.requested)
+    human = (
+        f"kill requested for {got.requested[0]}"
+        if n == 1 and len(args.job_id) == 1
+        else f"kill requested for {n} job{'s' if n != 1 else ''}"
+        + (f"; {len(got.already_ended)} had already ended" if got.already_ended else "")
+    )
+    out(args, got.to_dict(), human)
+    if got.errors or (args.job_id and got.already_ended):
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+async def _logs(args: argparse.Namespace, client: MeshClient) -> int:
+    job = await client.job(args.job_id)
+    try:
+        task = jobs.resolve_task(job["task_list"], args.task)
+    except jobs.TaskChoiceError as exc:
+        print(f"mesh job logs: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if jobs.never_started(task):
+        why = render.waiting_reason({**job, "task_list": [task]})
+        if task["state"] not in render.ACTIVE_TASK:
+            why = f"{task['state']}: {task['message'] or 'no message'}"
+        print(
+            f"task {task['task_id']} never started, so it has no log ({why})",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     reply = await client.logs(
-        args.job_id, args.task, "stderr" if args.stderr else "stdout", args.tail
+        args.job_id, task["task_id"], "stderr" if args.stderr else "stdout", args.tail
     )
     if args.json:
         reply["data"] = reply["data"].decode(errors="replace")

@@ -47,8 +47,6 @@ def add_parser(sub: Any) -> None:
     lo.add_argument("--pool", default="/")
     lo.add_argument("--prefix", default="load", help="job name prefix")
     lo.add_argument("--dry-run", action="store_true", help="generate and summarise, submit nothing")
-    # Also accepted after the subcommand; absent, the global --json stands.
-    lo.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
 
 
 def workload(args: argparse.Namespace) -> list[GeneratedJob]:
@@ -79,12 +77,19 @@ class LoadResult:
     jobs: int = 0  # acknowledged
     tasks: int = 0
     errors: Counter[str] = field(default_factory=Counter)  # by error code
+    samples: dict[str, str] = field(default_factory=dict)  # error code -> first message
     late: int = 0  # sent more than LATE_S after their arrival time
     max_lag_s: float = 0.0
     latencies: list[float] = field(default_factory=list)  # submit to acknowledgement
     elapsed_s: float = 0.0
 
-    def summary(self, workload: dict[str, Any], concurrency: int) -> dict[str, Any]:
+    def failed(self, code: str, message: str) -> None:
+        self.errors[code] += 1
+        self.samples.setdefault(code, message)
+
+    def summary(
+        self, workload: dict[str, Any], concurrency: int, rate: float | None = None
+    ) -> dict[str, Any]:
         lat = sorted(self.latencies)
         rate = self.jobs / self.elapsed_s if self.elapsed_s > 0 else 0.0
         return {
@@ -94,6 +99,8 @@ class LoadResult:
             "submitted_tasks": self.tasks,
             "errors": sum(self.errors.values()),
             "errors_by_code": dict(self.errors),
+            "error_samples": dict(self.samples),
+            "rate": rate,
             "elapsed_s": round(self.elapsed_s, 3),
             "jobs_per_s": round(rate, 1),
             "tasks_per_s": round(self.tasks / self.elapsed_s if self.elapsed_s > 0 else 0.0, 1),
@@ -118,10 +125,16 @@ def _ms(seconds: float | None) -> float | None:
 
 
 async def submit_all(
-    client: MeshClient, jobs: list[GeneratedJob], concurrency: int, *, progress: bool = False
+    client: MeshClient,
+    jobs: list[GeneratedJob],
+    concurrency: int,
+    *,
+    progress: bool = False,
+    paced: bool = True,
 ) -> LoadResult:
     """Submit every job at its offset with at most `concurrency` in flight. Client ids
-    are fresh per run (a rerun with the same seed is new work, not a retry)."""
+    are fresh per run (a rerun with the same seed is new work, not a retry). Lateness
+    is counted only when `paced` (a `--rate`): a burst has no arrival times to miss."""
     result = LoadResult()
     run_id = uuid.uuid4().hex[:12]
     queue: asyncio.Queue[tuple[int, GeneratedJob]] = asyncio.Queue()
@@ -136,16 +149,16 @@ async def submit_all(
             delay = t0 + job.offset_s - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            elif -delay > LATE_S:
+            elif paced and -delay > LATE_S:
                 result.late += 1
                 result.max_lag_s = max(result.max_lag_s, -delay)
             sent = loop.time()
             try:
                 await client.submit(job.spec, client_id=f"load-{run_id}-{i}")
             except ApiError as exc:
-                result.errors[str(exc.code)] += 1
+                result.failed(str(exc.code), exc.message)
             except Exception as exc:  # a timeout, a lost connection: counted, not fatal
-                result.errors[type(exc).__name__] += 1
+                result.failed(type(exc).__name__, str(exc) or type(exc).__name__)
             else:
                 result.jobs += 1
                 result.tasks += job.tasks
@@ -189,18 +202,20 @@ def human(summary: dict[str, Any]) -> str:
         f"{summary['tasks_per_s']} tasks/s; {summary['errors']} errors",
         f"ack latency p50 {ack['p50']} ms, p99 {ack['p99']} ms, max {ack['max']} ms",
     ]
-    if summary["errors_by_code"]:
-        lines.append(
-            "errors: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["errors_by_code"].items()))
-        )
-    if summary["late_jobs"]:
+    samples = summary.get("error_samples", {})
+    for code, count in sorted(summary["errors_by_code"].items()):
+        sample = samples.get(code)
+        lines.append(f"error {code} x{count}" + (f", e.g.: {sample}" if sample else ""))
+    if summary["late_jobs"] and summary.get("rate") is not None:
         lines.append(
             f"{summary['late_jobs']} jobs sent late (max {summary['max_lag_s']:.2f} s behind): "
-            "the mesh did not keep up with --rate"
+            f"the mesh did not keep up with --rate {summary['rate']:g}"
         )
     return "\n".join(lines)
 
 
 async def run_load(args: argparse.Namespace, client: MeshClient, jobs: list[GeneratedJob]) -> dict:
-    result = await submit_all(client, jobs, args.concurrency, progress=not args.json)
-    return result.summary(describe(jobs), args.concurrency)
+    result = await submit_all(
+        client, jobs, args.concurrency, progress=not args.json, paced=args.rate is not None
+    )
+    return result.summary(describe(jobs), args.concurrency, args.rate)

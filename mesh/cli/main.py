@@ -11,8 +11,8 @@ import asyncio
 import sys
 
 from mesh import logs
-from mesh.cli import certs, commands, infer, load, servers
-from mesh.cli.context import load_context
+from mesh.cli import certs, commands, completion, contexts, infer, load, output, servers
+from mesh.cli.context import LOCAL, ContextError, ContextStore, load_context, read_store
 from mesh.cli.exitcodes import EXIT_OK, EXIT_USAGE
 from mesh.cli.parser import build_parser
 from mesh.connect import TlsConfigError
@@ -21,10 +21,35 @@ from workloads.model import parse_model_spec
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logs.setup(args.log_level)
+    output.normalise(args)
+    if args.cmd == "completion":
+        print(completion.script(parser, args.shell))
+        return EXIT_OK
+    if args.cmd == "context":
+        return contexts.run(args)
     insecure = args.insecure or getattr(args, "up_insecure", False)
-    ctx = load_context(args.nats, args.region, args.certs, user_flag=args.user, insecure=insecure)
+    try:
+        store = read_store()
+        up = args.cmd == "up"
+        if up:  # its own context `local`, not whichever region is current
+            local = {k: v for k, v in store.contexts.items() if k == LOCAL}
+            store = ContextStore(local, LOCAL if local else None)
+        ctx = load_context(
+            args.nats,
+            args.region,
+            args.certs,
+            user_flag=args.user,
+            insecure=insecure,
+            name=None if up else args.context,
+            store=store,
+            env_context=not up,
+        )
+    except ContextError as exc:
+        print(f"mesh: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if args.cmd == "certs":
             return certs.run(args, args.certs, ctx.region)

@@ -3,27 +3,90 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 
-from mesh.cli import certs, infer, load
+from mesh.cli import certs, completion, contexts, infer, load
+
+OUTPUTS = ("table", "json", "yaml", "wide")
+
+
+def add_global_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """The flags every command takes, before or after its subcommand (`mesh job list
+    --json` as kubectl and nomad users type it). On subcommands their defaults are
+    SUPPRESS, so a flag given there sets the value and an absent one leaves the
+    top-level parser's value (or default) standing. A flag a subcommand already defines
+    for itself (`up --insecure`, `certs issue --user`) is left to that subcommand."""
+    g = p.add_argument_group("global options") if suppress else p
+    flags: list[tuple[tuple[str, ...], dict]] = [
+        (("--context",), {"metavar": "NAME", "help": "use this saved context (env MESH_CONTEXT)"}),
+        (
+            ("--nats",),
+            {"metavar": "URL", "help": "NATS URL (env MESH_NATS_URL; default: the context)"},
+        ),
+        (("--region",), {"help": "region (env MESH_REGION; default: the context or 'default')"}),
+        (
+            ("--certs",),
+            {
+                "metavar": "DIR",
+                "help": "certificate directory; each component uses its identity's files there "
+                "(env MESH_CERTS; default: the context)",
+            },
+        ),
+        (
+            ("--user",),
+            {"help": "user the CLI acts as (env MESH_USER; default: the context or admin)"},
+        ),
+        (
+            ("--insecure",),
+            {
+                "action": "store_true",
+                "help": "no TLS, no client certificate (development; env MESH_INSECURE=1)",
+            },
+        ),
+        (
+            ("--json",),
+            {"action": "store_true", "help": "machine-readable output (same as -o json)"},
+        ),
+        (
+            ("-o", "--output"),
+            {
+                "choices": OUTPUTS,
+                "help": "output format: table (default), json, yaml, or wide (every column)",
+            },
+        ),
+        (("--log-level",), {"metavar": "LEVEL", "help": "log level (default warning)"}),
+    ]
+    taken = p._option_string_actions
+    for names, kw in flags:
+        if any(n in taken for n in names):
+            continue
+        if suppress:
+            kw = {**kw, "default": argparse.SUPPRESS}
+        elif names == ("--log-level",):
+            kw = {**kw, "default": "warning"}
+        g.add_argument(*names, **kw)
+
+
+def subparsers(p: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """A parser's direct subcommands, by name (aliases not repeated)."""
+    seen: set[int] = set()
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sp in action.choices.items():
+                if id(sp) not in seen:
+                    seen.add(id(sp))
+                    yield name, sp
+
+
+def _add_globals_everywhere(p: argparse.ArgumentParser) -> None:
+    for _, sp in subparsers(p):
+        add_global_flags(sp, suppress=True)
+        _add_globals_everywhere(sp)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mesh", description="Mesh: schedule mixed work over NATS.")
-    p.add_argument("--nats", help="NATS URL (env MESH_NATS_URL; default: the `mesh up` context)")
-    p.add_argument("--region", help="region (env MESH_REGION; default: context or 'default')")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--log-level", default="warning")
-    p.add_argument(
-        "--certs",
-        help="certificate directory; each component uses its identity's files there "
-        "(env MESH_CERTS; default: the `mesh up` context)",
-    )
-    p.add_argument("--user", help="user the CLI acts as (env MESH_USER; default admin)")
-    p.add_argument(
-        "--insecure",
-        action="store_true",
-        help="no TLS, no client certificate (development; env MESH_INSECURE=1)",
-    )
+    add_global_flags(p, suppress=False)
     sub = p.add_subparsers(dest="cmd", required=True)
 
     up = sub.add_parser("up", help="run a whole region on this machine until interrupted")
@@ -143,23 +206,41 @@ def build_parser() -> argparse.ArgumentParser:
     job = sub.add_parser("job", help="submit and manage jobs").add_subparsers(
         dest="job_cmd", required=True
     )
-    run = job.add_parser("run", help="submit a job spec (YAML)")
-    run.add_argument("file", help="spec file, or - for stdin")
-    run.add_argument("--wait", action="store_true", help="wait; exit 0 only if it SUCCEEDED")
-    run.add_argument("--timeout", type=float, default=3600.0)
-    run.add_argument("--client-id", help="idempotency key (default: random)")
+    run = job.add_parser("run", help="submit job specs (YAML); several in one request")
+    run.add_argument("file", nargs="+", help="spec file, or - for stdin; several may be given")
+    run.add_argument("--wait", action="store_true", help="wait; exit 0 only if all SUCCEEDED")
+    run.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits")
+    run.add_argument(
+        "--client-id",
+        help="idempotency key (default: random); with several files, ID-0, ID-1, ... in order",
+    )
     st = job.add_parser("status", help="a job's state, tasks and why it waits")
     st.add_argument("job_id")
     ls = job.add_parser("list", help="recent jobs")
     ls.add_argument("--state")
     ls.add_argument("--pool")
     ls.add_argument("--limit", type=int, default=50)
-    kill = job.add_parser("kill", help="kill a job")
-    kill.add_argument("job_id")
+    kill = job.add_parser(
+        "kill",
+        help="kill jobs: by id, or every active job a selector picks",
+        description="Kill jobs by id (several at once), or every PENDING/RUNNING job "
+        "picked by --state and/or --pool, or all of them with --all. Requests go "
+        "concurrently over one connection.",
+    )
+    kill.add_argument("job_id", nargs="*", help="jobs to kill")
+    kill.add_argument("--state", choices=("PENDING", "RUNNING"), help="active jobs in this state")
+    kill.add_argument("--pool", help="active jobs in this pool")
+    kill.add_argument("--all", action="store_true", help="every active job")
     kill.add_argument("--reason", default="")
     lg = job.add_parser("logs", help="a task's log, from the agent that ran it")
     lg.add_argument("job_id")
-    lg.add_argument("--task")
+    lg.add_argument(
+        "--task",
+        metavar="TASK",
+        help="which task (default: the first): its full id (JOB.ROLE.INDEX), a unique "
+        "prefix or suffix of it (e.g. ROLE.INDEX), its index (0) or its group's role "
+        "when that group has one task",
+    )
     lg.add_argument("--stderr", action="store_true")
     lg.add_argument("--tail", type=int, default=64 * 1024, help="bytes from the end")
 
@@ -185,4 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_parser(sub)
     certs.add_parser(sub)
     infer.add_parsers(sub)
+    contexts.add_parser(sub)
+    completion.add_parser(sub)
+    _add_globals_everywhere(p)  # last: subcommands added above (by any module) get them too
     return p
