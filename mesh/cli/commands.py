@@ -140,6 +140,23 @@ async def _infer(
     return EXIT_FAILED
 
 
+def read_inputs(args: argparse.Namespace) -> bool:
+    """Read and check the files `job run` and `pool apply` send, into `args.texts`
+    as (path, text) pairs; False (the error printed) when one is unreadable or bad."""
+    kind = (args.cmd, getattr(args, f"{args.cmd}_cmd", None))
+    check = {("job", "run"): parse_job_spec, ("pool", "apply"): parse_pool_tree}.get(kind)
+    if check is None:
+        return True
+    files = args.file if isinstance(args.file, list) else [args.file]
+    args.texts = []
+    for path in files:
+        text = read_checked(path, check)
+        if text is None:
+            return False
+        args.texts.append((path, text))
+    return True
+
+
 def read_checked(path: str, check) -> str | None:
     """A spec file's text (or stdin's, for '-'), checked here first so a mistake is
     reported with the same message the server would give, without a round trip."""
@@ -167,9 +184,7 @@ def read_checked(path: str, check) -> str | None:
 
 async def _pool(args: argparse.Namespace, client: MeshClient) -> int:
     if args.pool_cmd == "apply":
-        text = read_checked(args.file, parse_pool_tree)
-        if text is None:
-            return EXIT_USAGE
+        ((_, text),) = args.texts  # read and checked by main, before connecting
         paths = await client.pool_apply(text)
         out(args, {"pools": paths}, f"applied {len(paths)} pools: {', '.join(paths)}")
         return EXIT_OK
@@ -202,13 +217,8 @@ async def _job(args: argparse.Namespace, client: MeshClient) -> int:
 
 
 async def _run(args: argparse.Namespace, client: MeshClient) -> int:
-    """Every file is checked before anything is sent: one bad spec submits nothing."""
-    texts = []
-    for path in args.file:
-        text = read_checked(path, parse_job_spec)
-        if text is None:
-            return EXIT_USAGE
-        texts.append((path, text))
+    """Every file was checked (by main, before connecting): one bad spec submits nothing."""
+    texts = args.texts
     if len(texts) == 1:
         job_ids = [await client.submit(texts[0][1], client_id=args.client_id)]
     else:

@@ -30,6 +30,7 @@ DEFAULT_URL = "nats://127.0.0.1:4222"
 DEFAULT_USER = "admin"
 DEFAULT_REGION = "default"
 LOCAL = "local"  # the context `mesh up` writes
+_FIX = " (fix it, or remove it to start again; `mesh up` writes a new one)"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
@@ -125,10 +126,7 @@ def parse_store(text: str, path: Path | str) -> ContextStore:
             raise ValueError(f"current: {current!r} is not one of the contexts")
         return ContextStore(contexts, current)
     except (ValueError, ContextError) as exc:
-        raise ContextError(
-            f"context file {path} is not usable: {exc} "
-            "(fix it, or remove it to start again; `mesh up` writes a new one)"
-        ) from None
+        raise ContextError(f"context file {path} is not usable: {exc}{_FIX}") from None
 
 
 def context_path() -> Path:
@@ -147,7 +145,9 @@ def read_store(path: Path | None = None) -> ContextStore:
     try:
         text = data.decode()
     except UnicodeDecodeError:
-        raise ContextError(f"context file {path} is not usable: not UTF-8 text") from None
+        text = None  # reported below, as every unusable file is
+    if text is None:
+        raise ContextError(f"context file {path} is not usable: not UTF-8 text{_FIX}")
     return parse_store(text, path)
 
 

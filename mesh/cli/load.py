@@ -88,7 +88,7 @@ class LoadResult:
         self.samples.setdefault(code, message)
 
     def summary(
-        self, workload: dict[str, Any], concurrency: int, rate: float | None = None
+        self, workload: dict[str, Any], concurrency: int, target_rate: float | None = None
     ) -> dict[str, Any]:
         lat = sorted(self.latencies)
         rate = self.jobs / self.elapsed_s if self.elapsed_s > 0 else 0.0
@@ -100,7 +100,7 @@ class LoadResult:
             "errors": sum(self.errors.values()),
             "errors_by_code": dict(self.errors),
             "error_samples": dict(self.samples),
-            "rate": rate,
+            "rate": target_rate,  # --rate (None: a burst)
             "elapsed_s": round(self.elapsed_s, 3),
             "jobs_per_s": round(rate, 1),
             "tasks_per_s": round(self.tasks / self.elapsed_s if self.elapsed_s > 0 else 0.0, 1),

@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                 summary = load.describe(args.workload)
                 commands.out(args, summary, load.workload_line(summary))
                 return EXIT_OK
+        if not commands.read_inputs(args):  # before connecting, as for load above
+            return EXIT_USAGE
         if args.cmd in ("model", "infer"):
             problem = infer.check_args(args)
             if problem is not None:

@@ -138,7 +138,7 @@ def waiting_reason(job: dict) -> str:
     if waiting:
         t = waiting[0]
         where = f" on node {t['node_id']}" if t.get("node_id") else ""
-        since = f" since {ago(t['placed_at'])}" if t.get("placed_at") else ""
+        since = f" since {ago(t['placed_at'])}" if t.get("placed_at") is not None else ""
         said = t.get("message") or (
             "no word from its agent yet" if t["state"] != "PENDING" else "no reason given"
         )
@@ -202,7 +202,8 @@ def pool_amount(kind: str, value: Any, *, exact: bool = False) -> str:
     if exact or kind != "memory" or not isinstance(value, str):
         return str(value)
     try:
-        return human_bytes(parse_bytes(value))
+        n = parse_bytes(value)
+        return "0" if n == 0 else human_bytes(n)
     except SpecError:
         return value  # "-" (no limit) and anything else not a quantity
 
