@@ -106,3 +106,100 @@ def test_unreachable_mesh_exits_3(tmp_path):
     env = {**os.environ, "MESH_HOME": str(tmp_path / "none")}
     r = run_mesh("--nats", "nats://127.0.0.1:1", "job", "list", env=env)
     assert r.returncode == 3 and "cannot reach NATS" in r.stderr
+
+
+def _spec(tmp_path, name: str, body: str) -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"name: {name}\n{body}")
+    return str(path)
+
+
+def test_cli_habits_against_a_real_region(mesh_up, tmp_path):
+    """Flags after the subcommand, -o, bulk submit and kill, --task, waiting reasons,
+    logs of a task that never started, readable output and contexts: all through real
+    `mesh` processes against `mesh up`."""
+    import yaml
+
+    env, _ = mesh_up
+    two = _spec(tmp_path, "two", "tasks:\n  - role: main\n    count: 2\n    command: echo hi\n")
+    one = _spec(tmp_path, "one", "tasks:\n  - role: main\n    command: echo one\n")
+    r = run_mesh("job", "run", two, one, "--wait", "--timeout", "60", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    done = json.loads(r.stdout)
+    assert [j["state"] for j in done] == ["SUCCEEDED", "SUCCEEDED"]
+    two_id = done[0]["job_id"]
+
+    r = run_mesh("job", "list", "--json", env=env)  # refused before: flag after subcommand
+    assert r.returncode == 0 and {j["name"] for j in json.loads(r.stdout)} == {"two", "one"}
+    r = run_mesh("job", "status", two_id, "-o", "yaml", env=env)
+    assert yaml.safe_load(r.stdout)["job_id"] == two_id
+    r = run_mesh("job", "list", "-o", "wide", env=env)
+    assert r.stdout.splitlines()[0].split()[:2] == ["JOB", "NAME"]
+
+    r = run_mesh("job", "logs", two_id, "--task", "main.1", env=env)
+    assert r.returncode == 0 and r.stdout == "hi\n", r.stderr
+    r = run_mesh("job", "logs", two_id, "--task", "main", env=env)
+    assert r.returncode == 2 and "matches 2 tasks by role" in r.stderr
+
+    # A job no node can take: --wait says why it waits, logs say it never started.
+    nowhere = _spec(
+        tmp_path,
+        "nowhere",
+        "placement:\n  labels: {zone: nowhere}\ntasks:\n  - role: main\n    command: echo x\n",
+    )
+    r = run_mesh("job", "run", nowhere, "--wait", "--timeout", "2", env=env)
+    assert r.returncode == 1
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("timed out")]
+    prefix = "timed out after 2s: job nowhere-"
+    assert line.startswith(prefix) and " is still PENDING: " in line, r.stderr
+    reason = line.split(" is still PENDING: ", 1)[1]
+    assert reason and reason != "no reason given"
+    waiting = line[len("timed out after 2s: job ") :].split()[0]
+    r = run_mesh("job", "logs", waiting, env=env)
+    assert r.returncode == 1 and f"task {waiting}.main.0 never started" in r.stderr
+
+    # Bulk kill: by ids, and by a selector.
+    sleeper = "tasks:\n  - role: main\n    command: sleep 60\n    resources: {cpu: 10m}\n"
+    files = [_spec(tmp_path, f"sleep{i}", sleeper) for i in range(3)]
+    r = run_mesh("job", "run", *files, env=env)
+    assert r.returncode == 0, r.stderr
+    ids = r.stdout.split()
+    assert len(ids) == 3
+    r = run_mesh("job", "kill", *ids, "--reason", "bulk", env=env)
+    assert r.returncode == 0 and "kill requested for 3 jobs" in r.stdout, r.stderr
+    r = run_mesh("job", "kill", "--state", "PENDING", "--json", env=env)
+    assert r.returncode == 0 and json.loads(r.stdout)["kill_requested"] == [waiting]
+    r = run_mesh("job", "run", one, "-", env=env, stdin="x")
+    assert r.returncode == 2 and "-:" in r.stderr  # one bad spec: nothing submitted
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        listed = json.loads(run_mesh("job", "list", "--json", env=env).stdout)
+        states = {j["job_id"]: j["state"] for j in listed}
+        if all(states[j] == "KILLED" for j in [*ids, waiting]):
+            break
+        time.sleep(0.5)
+    assert all(states[j] == "KILLED" for j in [*ids, waiting]), states
+    r = run_mesh("job", "kill", "nope-123", env=env)
+    assert r.returncode == 1 and "nope-123: NOT_FOUND" in r.stderr
+
+    r = run_mesh("cluster", "info", env=env)
+    assert r.returncode == 0 and "{" not in r.stdout and "killed 4" in r.stdout
+    r = run_mesh("pool", "list", env=env)
+    assert r.returncode == 0 and "Ki " not in r.stdout + " " and "Gi" in r.stdout
+
+    r = run_mesh("load", "--jobs", "3", "--pool", "/nope", env=env)
+    assert r.returncode == 1 and "--rate" not in r.stdout
+    assert "error INVALID_SPEC x3, e.g.: pool: /nope is not defined" in r.stdout
+
+    # Contexts: `mesh up` wrote `local`; another context is picked per command or made
+    # current, and flags still win over it.
+    r = run_mesh("context", "list", env=env)
+    assert r.stdout.splitlines()[1].startswith("*  local ")
+    r = run_mesh("context", "add", "elsewhere", "--nats", "nats://127.0.0.1:1", env=env)
+    assert r.returncode == 0
+    assert run_mesh("--context", "elsewhere", "job", "list", env=env).returncode == 3
+    assert run_mesh("context", "use", "elsewhere", env=env).returncode == 0
+    assert run_mesh("job", "list", env=env).returncode == 3
+    assert run_mesh("job", "list", "--context", "local", env=env).returncode == 0
+    r = run_mesh("job", "list", env={**env, "MESH_CONTEXT": "local"})
+    assert r.returncode == 0
