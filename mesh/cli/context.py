@@ -72,7 +72,12 @@ class ContextStore:
     current: str | None = None
 
     def to_json(self) -> str:
+        """The file's text. The current context's fields are also written at the top
+        level, as the file held them before contexts had names, so scripts reading
+        `.url` (or `.certs`) of context.json keep working; reading uses `contexts`."""
+        current = self.contexts.get(self.current) if self.current else None
         data = {
+            **(current.to_dict() if current else {}),
             "current": self.current,
             "contexts": {n: c.to_dict() for n, c in sorted(self.contexts.items())},
         }

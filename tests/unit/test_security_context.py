@@ -86,6 +86,15 @@ def test_up_context_joins_saved_ones_and_legacy_file_reads_as_local(tmp_path):
     save_context(Context("tls://127.0.0.1:6000", "default", "/up-certs"))
     store = read_store()
     assert store.current == "local" and set(store.contexts) == {"local", "eu"}
+    # Scripts that read the file's top-level url (as written before contexts had
+    # names) still find the current context there.
+    data = json.loads((home / "context.json").read_text())
+    assert (data["url"], data["certs"], data["user"]) == (
+        "tls://127.0.0.1:6000",
+        "/up-certs",
+        "admin",
+    )
+    assert data["contexts"]["eu"]["url"] == "tls://eu:4222"
 
 
 def test_precedence_flags_env_context(monkeypatch):
