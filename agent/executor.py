@@ -823,6 +823,7 @@ class ProcessExecutor:
         if task_dir.exists() or task_dir.is_symlink():
             shutil.rmtree(task_dir, ignore_errors=True)
         task_dir.mkdir(mode=0o711)
+        os.chmod(task_dir, 0o711)  # whatever the umask: a run_as task walks through it
 
     # ------------------------------------------------------------------ liveness
 
