@@ -434,3 +434,20 @@ async def test_unwritable_exit_file_is_said_in_the_task_log(tmp_path, nobody):
     st = await ex.wait(h)  # the agent is its parent: it still knows
     assert st.exit_code == 0
     assert "exit status 0 not recorded" in ex.read_log("lost-exit", "stderr").decode()
+
+
+async def test_adopted_task_without_exit_file_is_unknown_not_failed(tmp_path, nobody):
+    """A restarted agent that finds no exit status says so, rather than reporting a
+    task that may have succeeded as terminated."""
+    from agent.service import _outcome
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    first = ProcessExecutor(private / "tasks", run_as="nobody")
+    h = await first.start(sh("unknown", "sleep 0.5; exit 0"))
+    later = ProcessExecutor(private / "tasks", run_as="nobody")  # the agent restarted
+    adopted = later.adopt("unknown", h.pid, h.start_time)
+    assert adopted is not None  # still running
+    st = await later.wait(adopted)
+    assert (st.exit_code, st.signal) == (None, None)
+    assert _outcome(st) == ("FAILED", "exit status unknown: the task left no exit file")
