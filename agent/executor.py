@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from workloads.model import TASK_IDENTITY_VAR, WORKER_IDENTITY
 
+from .access import make_dirs, unreachable_dir
 from .probe import process_start_ticks, process_start_time, session_processes
 
 __all__ = [
@@ -64,7 +65,8 @@ exec </dev/null
 if [ "$mem" != 0 ]; then ulimit -v "$mem" || exit 125; fi
 "$@"
 rc=$?
-echo "$rc" >"$d/exit"
+echo "$rc" 2>/dev/null >"$d/exit" ||
+  echo "[mesh] exit status $rc not recorded: $d is not writable by this user" >&2
 exit "$rc"
 """
 _SH = "/bin/sh"
@@ -75,6 +77,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _MAX_TASK_ID = 1024
 _LOG_TAIL = 2048
 _SAME_START_S = 1e-3  # create_time of one process never differs by more between reads
+# psutil's create_time is boot time (whole seconds on some kernels) plus start ticks: it
+# can read up to this much early, so a deadline measured from it is pushed back by it.
+_CREATE_TIME_SLACK_S = 1.0
 _STREAMS = ("stdout", "stderr")
 _MAX_REASON = 1024
 # A task that needs the agent's task identity (an inference worker connecting to NATS)
@@ -83,6 +88,7 @@ TASK_IDENTITIES = (WORKER_IDENTITY,)
 _Marker = Literal["kill", "timeout"]
 
 LimitMode = Literal["cgroup", "rlimit", "none"]
+ROOT_REFUSAL = "tasks would run as root: use --run-as USER or --allow-root"
 
 
 class ExecError(Exception):
@@ -140,10 +146,14 @@ class _Meta:
     max_run_time_s: float | None
     memory_bytes: int
     cgroups: tuple[str, ...]
+    # CLOCK_MONOTONIC (system-wide, so valid for a restarted agent of the same boot) when
+    # the command was released: max_run_time_s counts from here. None in older records.
+    started_mono: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class _RunAs:
+    name: str
     uid: int
     gid: int
     groups: tuple[int, ...]
@@ -242,7 +252,9 @@ def _resolve_run_as(run_as: str | None) -> _RunAs | None:
             return None
         raise ExecError(f"run_as {run_as!r}: the agent is not root and cannot switch user")
     groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
-    return _RunAs(uid=entry.pw_uid, gid=entry.pw_gid, groups=groups, home=entry.pw_dir)
+    return _RunAs(
+        name=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid, groups=groups, home=entry.pw_dir
+    )
 
 
 def _validate(spec: ExecSpec) -> None:
@@ -558,20 +570,19 @@ class ProcessExecutor:
         if limits not in ("auto", "cgroup", "rlimit", "none"):
             raise ValueError(f"limits must be auto, cgroup, rlimit or none, not {limits!r}")
         self.work_dir = Path(work_dir).absolute()
-        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._run_as = _resolve_run_as(run_as)
+        if self._run_as is None:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            self._open_work_dir()
         self.kill_grace_s = 5.0
         self.poll_interval_s = 0.1
-        self._run_as = _resolve_run_as(run_as)
         # Tasks would run as root (a root agent without run_as, or run_as root): allowed only
         # when asked for. The agent asks for it only with --allow-root; the default here is
-        # permissive for direct use of the executor. Non-empty: why start() refuses.
+        # permissive for direct use of the executor. Non-empty: why start() refuses, short
+        # enough for a table cell (the agent also offers no capacity: see Agent.refusing).
         task_uid = self._run_as.uid if self._run_as is not None else os.geteuid()
-        self.root_refusal = (
-            "refused: this agent runs as root and would run the task as root; start it "
-            "with --run-as USER (an unprivileged user) or, to run tasks as root, --allow-root"
-            if task_uid == 0 and not allow_root
-            else ""
-        )
+        self.root_refusal = ROOT_REFUSAL if task_uid == 0 and not allow_root else ""
         self._task_env = dict(task_env or {})
         self._task_identity = None if task_identity is None else dict(task_identity)
         self._boot_id = _boot_id()
@@ -594,6 +605,27 @@ class ProcessExecutor:
             self.limit_mode = "rlimit"
             if limits == "rlimit":
                 self.limit_detail = "rlimit requested"
+
+    def _open_work_dir(self) -> None:
+        """Tasks run as another user walk through the work dir to their status dir:
+        it is made (and, being the agent's own, kept) traversable by everyone."""
+        make_dirs(self.work_dir)
+        st = self.work_dir.stat()
+        if st.st_uid == os.geteuid() and st.st_mode & 0o011 != 0o011:
+            os.chmod(self.work_dir, stat.S_IMODE(st.st_mode) | 0o011)
+
+    def task_user_problem(self) -> str:
+        """Why the task user cannot record its tasks' exit status here ("" if it can):
+        names the user and the first directory it cannot get through. Only a root agent
+        with ``run_as`` another user can have the problem; the agent asks at start."""
+        if self._run_as is None:
+            return ""
+        blocked = unreachable_dir(
+            self.work_dir, self._run_as.uid, self._run_as.gid, self._run_as.groups
+        )
+        if blocked is None:
+            return ""
+        return f"task user {self._run_as.name!r} cannot traverse or write {blocked}"
 
     # ------------------------------------------------------------------ paths
 
@@ -654,6 +686,7 @@ class ProcessExecutor:
                 max_run_time_s=spec.max_run_time_s,
                 memory_bytes=spec.memory_bytes,
                 cgroups=tuple(str(d) for d in cgroup_dirs),
+                started_mono=time.monotonic(),  # the release follows: nothing ran before
             )
             _write_meta(task_dir, meta)
             handle = ProcessHandle(spec.task_id, proc.pid, start_time, str(task_dir))
@@ -790,6 +823,7 @@ class ProcessExecutor:
         if task_dir.exists() or task_dir.is_symlink():
             shutil.rmtree(task_dir, ignore_errors=True)
         task_dir.mkdir(mode=0o711)
+        os.chmod(task_dir, 0o711)  # whatever the umask: a run_as task walks through it
 
     # ------------------------------------------------------------------ liveness
 
@@ -910,9 +944,7 @@ class ProcessExecutor:
         """
         task_dir = Path(handle.task_dir)
         meta = _read_meta(task_dir)
-        deadline = None
-        if meta is not None and meta.max_run_time_s is not None:
-            deadline = handle.start_time + meta.max_run_time_s
+        deadline = self._deadline(handle, meta)
         child = self._children.get(handle.task_id)
         returncode: int | None = None
         if child is not None and child[0] == handle:
@@ -924,6 +956,21 @@ class ProcessExecutor:
         status = self._exit_status(task_dir, returncode, meta)
         _Cgroups.remove(cgroup_dirs)
         return status
+
+    def _deadline(self, handle: ProcessHandle, meta: _Meta | None) -> float | None:
+        """When the task's max run time is up, on the monotonic clock (None: no limit).
+
+        Counted from the release start() recorded, never from psutil's create_time,
+        whose whole-second boot time made 1 s limits fire after 0.6 s. A record
+        without it (an older agent's) counts from create_time, pushed back by that
+        rounding so the limit is never cut short.
+        """
+        if meta is None or meta.max_run_time_s is None:
+            return None
+        if meta.started_mono is not None and meta.boot_id == self._boot_id:
+            return meta.started_mono + meta.max_run_time_s
+        end_wall = handle.start_time + meta.max_run_time_s + _CREATE_TIME_SLACK_S
+        return time.monotonic() + (end_wall - time.time())
 
     async def _wait_child(
         self, handle: ProcessHandle, proc: subprocess.Popen[bytes], deadline: float | None
@@ -937,13 +984,13 @@ class ProcessExecutor:
             loop.add_reader(pidfd, exited.set)
         try:
             while (returncode := proc.poll()) is None:
-                if deadline is not None and time.time() >= deadline:
+                if deadline is not None and time.monotonic() >= deadline:
                     deadline = None
                     await self._expire(handle)
                     continue
                 timeout = None if pidfd is not None else self.poll_interval_s
                 if deadline is not None:
-                    left = max(0.0, deadline - time.time())
+                    left = max(0.0, deadline - time.monotonic())
                     timeout = left if timeout is None else min(timeout, left)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(exited.wait(), timeout)
@@ -961,11 +1008,12 @@ class ProcessExecutor:
             alive = self._alive(handle.pid, handle.start_time, meta)
             if _read_exit(task_dir) is not None or not alive:
                 return
-            if deadline is not None and time.time() >= deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 deadline = None
                 await self._expire(handle)
                 continue
-            await asyncio.sleep(self.poll_interval_s)
+            left = self.poll_interval_s if deadline is None else deadline - time.monotonic()
+            await asyncio.sleep(max(0.0, min(self.poll_interval_s, left)))
 
     async def _expire(self, handle: ProcessHandle) -> None:
         _mark(Path(handle.task_dir), "timeout")
@@ -1141,6 +1189,7 @@ def _read_meta(task_dir: Path) -> _Meta | None:
         raw = json.loads(data)
         mrt = raw["max_run_time_s"]
         ticks = raw["start_ticks"]
+        mono = raw.get("started_mono")
         return _Meta(
             pid=int(raw["pid"]),
             start_time=float(raw["start_time"]),
@@ -1149,6 +1198,7 @@ def _read_meta(task_dir: Path) -> _Meta | None:
             max_run_time_s=None if mrt is None else float(mrt),
             memory_bytes=int(raw["memory_bytes"]),
             cgroups=tuple(p for p in map(str, raw["cgroups"]) if _is_task_cgroup(p, task_dir)),
+            started_mono=None if mono is None else float(mono),
         )
     except (ValueError, KeyError, TypeError):
         return None

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.access import make_dirs
 from agent.executor import ExecError, ExecSpec, ExitStatus, ProcessExecutor, ProcessHandle
 from agent.gpu import (
     NO_GPU,
@@ -62,6 +63,12 @@ logging.getLogger("aiosqlite").setLevel(logging.INFO)
 ENDED_HERE = frozenset({"SUCCEEDED", "FAILED", "KILLED"})
 # A task over its GPU memory grant is hurting its neighbours now: a short grace only.
 GPU_EVICT_GRACE_S = 1.0
+
+
+class AgentStartError(RuntimeError):
+    """The agent cannot work as configured (its message says why and what to change):
+    it must not start, so that a supervisor reports it rather than a node that
+    heartbeats and fails every task."""
 
 
 def default_node_id() -> str:
@@ -122,7 +129,10 @@ class Agent:
         self.watchdog: GpuWatchdog | None = None
 
     async def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.config.run_as is None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            make_dirs(self.data_dir)  # what it creates, the task user can traverse
         self.store = await TaskStore.open(self.data_dir / "agent.db")
         if self.store.recovered_from:
             self.note = f"task store was corrupt; moved aside to {self.store.recovered_from}"
@@ -135,8 +145,12 @@ class Agent:
             task_env=self.task_env(),
             task_identity=self.task_identity_env(),
         )
+        await self._check_task_user()
         if self.executor.root_refusal:
-            log.warning("%s", self.executor.root_refusal)
+            log.warning(
+                "agent is root and its tasks would run as root: it offers no capacity; "
+                "restart it with --run-as USER (an unprivileged user) or --allow-root"
+            )
         self.gpus.open()
         self.probe = HostProbe(self.data_dir, self.gpus)
         self._assess_gpus(self.gpus.sample())  # before _readopt may launch a task
@@ -168,6 +182,24 @@ class Agent:
             asyncio.create_task(self._report_loop(), name="reporter"),
         ]
         log.info("agent %s started (limits: %s)", self.node_id, self.executor.limit_mode)
+
+    async def _check_task_user(self) -> None:
+        """Refuse to start when the task user cannot write its tasks' exit status under
+        the data dir: each task would look fine while this agent runs and turn into a
+        failure of unknown outcome after its next restart."""
+        problem = self.executor.task_user_problem()
+        if problem:
+            await self.store.close()
+            raise AgentStartError(
+                f"data dir {self.data_dir}: {problem}; use a --data-dir that user can "
+                "reach (e.g. /var/lib/mesh/agent) or open up that directory"
+            )
+
+    def refusing(self) -> str:
+        """Why this node takes no tasks ("" when it does), sent in every heartbeat: the
+        coordinator places nothing on it and says why in a waiting job's reason."""
+        executor = getattr(self, "executor", None)  # None before start()
+        return executor.root_refusal if executor is not None else ""
 
     def task_env(self) -> dict[str, str]:
         """What every task is told about where it runs: this agent's NATS and region."""
@@ -257,6 +289,7 @@ class Agent:
             # RUNNING in the log is declared LOST and run again.
             tasks=tuple(f"{t}#{a}" for t, a in (*self.handles, *self.owed)),
             note=self._node_note(),
+            refusing=self.refusing(),
         )
 
     def _assess_gpus(self, gpus: tuple[GpuInfo, ...]) -> dict[str, str]:
@@ -282,9 +315,6 @@ class Agent:
 
     def _node_note(self) -> str:
         parts = [self.note] if self.note else []
-        executor = getattr(self, "executor", None)  # None before start()
-        if executor is not None and executor.root_refusal:
-            parts.append("refuses tasks: agent is root and has no --run-as (or --allow-root)")
         if self.refused:
             parts.append(f"refused {self.refused} assignments; last: {self.last_refused}")
         if self.storage_error:
@@ -611,7 +641,8 @@ class Agent:
                 await self._finish_later(
                     rec,
                     "FAILED",
-                    "process vanished while the agent was down (no exit status recorded)",
+                    "exit status unknown: the task ended while the agent was down "
+                    "and left no exit file",
                 )
                 continue
             # Accepted but its command was never released: it has not run, so start it now.
@@ -635,9 +666,10 @@ class Agent:
             await self.executor.kill(handle, 1.0, reason="orphan: the agent lost its record")
 
     async def _finish_later(self, rec: TaskRecord, state: str, message: str) -> None:
-        rec.state = state
-        await self.store.update(rec.task_id, rec.attempt, state=state, updated=time.time())
+        """An outcome found at re-adoption, reported now with its message (the reporter
+        loop's resend, if this one does not get through, can only say it is late)."""
         log.warning("%s#%d: %s", rec.task_id, rec.attempt, message)
+        await self._finish(rec, state, message=message)
 
     # ------------------------------------------------------------ logs
 
@@ -688,7 +720,9 @@ def _outcome(status: ExitStatus) -> tuple[str, str]:
         return "KILLED", "killed"
     if status.exit_code == 0:
         return "SUCCEEDED", ""
+    if status.exit_code is None and status.signal is None:
+        # Only an adopted task whose wrapper wrote no exit file: not a failure we know of.
+        return "FAILED", "exit status unknown: the task left no exit file"
     if status.exit_code is None:
-        sig = f" by signal {status.signal}" if status.signal else ""
-        return "FAILED", f"terminated{sig}"
+        return "FAILED", f"terminated by signal {status.signal}"
     return "FAILED", f"exited with code {status.exit_code}"

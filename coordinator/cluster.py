@@ -1,7 +1,10 @@
 """The leader's view of the nodes, from their heartbeats.
 
 A node that misses heartbeats is first `suspect` (no new placements), then `down`
-(its tasks are declared LOST). Time comes in as an argument so tests need no sleeps.
+(its tasks are declared LOST). A node that heartbeats but says it takes no tasks
+(`NodeState.refusing`: a root agent without `--run-as`) is `refusing`: listed, its
+tasks watched like a ready node's, but nothing is placed on it. Time comes in as an
+argument so tests need no sleeps.
 
 Statuses change only here (`observe`, `expect`, `sweep`), so the view can keep what
 every round asks for: the ready nodes in order, the down ones, and a journal of the
@@ -16,7 +19,8 @@ from dataclasses import dataclass
 from coordinator.changes import Changes
 from mesh.schema import NodeState
 
-READY, SUSPECT, DOWN = "ready", "suspect", "down"
+READY, REFUSING, SUSPECT, DOWN = "ready", "refusing", "suspect", "down"
+HEARD = frozenset({READY, REFUSING})  # heartbeating now: what it lists is current
 
 
 @dataclass(slots=True)
@@ -61,16 +65,17 @@ class ClusterView:
             self.rejected += 1
             return False
         node_id = state.node_id
+        status = REFUSING if state.refusing else READY
         view = self.nodes.get(node_id)
         if view is None:
-            self.nodes[node_id] = NodeView(state, now)
+            self.nodes[node_id] = NodeView(state, now, status)
             self._ready = None
             came_back = True
         else:
-            came_back = view.status != READY
+            came_back = view.status != status
             view.state, view.last_seen = state, now
             if came_back:
-                self._set_status(view, READY)
+                self._set_status(view, status)
         self._heard(node_id)
         return came_back
 
@@ -116,6 +121,17 @@ class ClusterView:
             views = (v for v in self.nodes.values() if v.status == READY)
             self._ready = sorted(views, key=lambda v: v.state.node_id)
         return self._ready
+
+    def refusals(self) -> str:
+        """Why heartbeating nodes take no tasks, in a few words for a waiting job's
+        reason ("" when none refuses): the operator's fix is named there."""
+        refusing = sorted(v.node_id for v in self.nodes.values() if v.status == REFUSING)
+        if not refusing:
+            return ""
+        first = self.nodes[refusing[0]].state.refusing
+        if len(refusing) == 1:
+            return f"node {refusing[0]} takes no tasks: {first}"
+        return f"{len(refusing)} nodes take no tasks ({refusing[0]}: {first})"
 
     def _heard(self, node_id: str) -> None:
         self._by_age.pop(node_id, None)

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.changes import Mark
-from coordinator.cluster import DOWN, READY, ClusterView, NodeView
+from coordinator.cluster import DOWN, HEARD, ClusterView, NodeView
 from coordinator.parking import gang_due, park, park_never, parked
 from coordinator.placement import GangRequest, Placement, Snapshot
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
@@ -205,7 +205,7 @@ def _lose_tasks_a_node_forgot(
     looked = tasks_of.keys() if heard is None else [n for n in heard if n in tasks_of]
     for node_id in sorted(looked):
         view = nodes.nodes.get(node_id)
-        if view is None or view.status != READY or view.state.seq == 0:
+        if view is None or view.status not in HEARD or view.state.seq == 0:
             continue
         live, ts, lost = view.live_tasks, view.state.ts, []
         for tid in state.node_tasks[node_id]:  # tens of thousands a second: keep it lean
@@ -385,7 +385,9 @@ def _place_waiting(
     if not state.queue:
         return
     if not nodes.ready():
-        d.unplaced.update({job.job_id: "no ready nodes" for job in state.pending_jobs()})
+        refusals = nodes.refusals()
+        why = f"no ready nodes; {refusals}" if refusals else "no ready nodes"
+        d.unplaced.update({job.job_id: why for job in state.pending_jobs()})
         return
     snap = snapshot(nodes, state)
     capacity = Resources(*(int(x) for x in snap.cap_total))  # kept by the snapshot

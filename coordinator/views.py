@@ -51,4 +51,5 @@ def node_summary(view: NodeView, state: RegionState, now: float) -> dict:
         "tasks": len(state.node_tasks.get(s.node_id, ())),
         "heartbeat_age_s": round(max(0.0, now - view.last_seen), 3),
         "note": s.note,
+        "refusing": s.refusing,
     }

@@ -140,6 +140,9 @@ class NodeState:
     gpus: tuple[GpuStatus, ...] = wf((), max_len=64)
     tasks: tuple[str, ...] = wf((), max_len=100_000)  # "task_id#attempt" of live tasks
     note: str = wf("", max_len=1024)  # e.g. "store recovered from corruption"
+    # Non-empty: this node takes no tasks, and why (a root agent without --run-as).
+    # It heartbeats (it is listed, as "refusing") but nothing is placed on it.
+    refusing: str = wf("", max_len=256)
     v: int = 1
 
 

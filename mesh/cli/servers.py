@@ -108,7 +108,7 @@ async def agent(args: argparse.Namespace, ctx: Context) -> int:
         finally:
             await fleet.stop()
         return EXIT_OK
-    from agent.service import Agent, AgentConfig, default_node_id
+    from agent.service import Agent, AgentConfig, AgentStartError, default_node_id
 
     node_id = args.node_id or default_node_id()
     labels = {}
@@ -139,7 +139,11 @@ async def agent(args: argparse.Namespace, ctx: Context) -> int:
             task_tls=task_tls if ctx.certs else None,
         )
     )
-    await agent.start()
+    try:
+        await agent.start()
+    except AgentStartError as exc:
+        print(f"mesh agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         await _until_signal()
     finally:

@@ -70,11 +70,8 @@ class Region:
         # These tests run as whoever runs the suite (root in CI containers): say so, as an
         # operator would, or a root agent refuses to run tasks as root.
         kw.setdefault("allow_root", os.geteuid() == 0)
-        a = Agent(
-            AgentConfig(
-                self.url, node_id=node_id, data_dir=str(self.tmp / f"agent-{node_id}"), **kw
-            )
-        )
+        kw.setdefault("data_dir", str(self.tmp / f"agent-{node_id}"))
+        a = Agent(AgentConfig(self.url, node_id=node_id, **kw))
         await a.start()
         self.agents.append(a)
         return a

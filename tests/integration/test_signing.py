@@ -7,12 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import pwd
 import sys
 import time
-
-import pytest
 
 from mesh import subjects
 from mesh.codec import encode
@@ -23,7 +19,6 @@ from workloads.spec import SimulatedRun
 from .conftest import eventually
 
 SECRET = "s3cr3t-v4lue-7f3a9c"
-ROOT = os.geteuid() == 0
 
 
 async def publish(js, node_id: str, data: bytes) -> None:
@@ -141,32 +136,3 @@ async def test_hollow_fleet_verifies_too(region, tmp_path):
     await publish(js, "hollow-0000", encode(forged))
     await eventually(lambda: fleet.counts["unverified"] == 1, timeout=10)
     assert fleet.counts["runs"] == 2
-
-
-@pytest.mark.skipif(not ROOT, reason="the root rule applies to agents running as root")
-async def test_root_agent_runs_nothing_as_root_unless_told(region, tmp_path):
-    await region.coordinator()
-    agent = await region.agent(allow_root=False)  # root, no run_as, no allow_root
-    await region.ready(1)
-    node = await region.client.node("node-1")
-    assert "--allow-root" in node["note"] or "root" in node["note"]
-    marker = tmp_path / "uid"
-    job_id = await region.client.submit(
-        {"name": "as-root", "tasks": [{"role": "main", "command": f"id -u > {marker}"}]}
-    )
-    job = await region.client.wait(job_id, timeout=20)
-    (task,) = job["task_list"]
-    assert job["state"] == "FAILED" and "--allow-root" in task["message"], task
-    assert not marker.exists()
-
-    # The operator restarts the agent with --run-as nobody: the command runs, as nobody.
-    await agent.stop(kill_tasks=True)
-    region.agents.remove(agent)
-    await region.agent(run_as="nobody")
-    job_id = await region.client.submit(
-        {"name": "as-nobody", "tasks": [{"role": "main", "command": "id -u"}]}
-    )
-    job = await region.client.wait(job_id, timeout=20)
-    assert job["state"] == "SUCCEEDED", job["task_list"]
-    logs = await region.client.logs(job_id)
-    assert logs["data"].decode().strip() == str(pwd.getpwnam("nobody").pw_uid)

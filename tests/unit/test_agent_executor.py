@@ -332,3 +332,122 @@ async def test_start_overhead_is_small(ex):
         await ex.wait(h)
         ex.cleanup(f"fast-{i}")
     assert sorted(times)[5] < 0.05  # typically 3-5 ms; generous for loaded CI machines
+
+
+# A task that says, on the monotonic clock the agent's executor also uses, when it began
+# and when its SIGTERM came.
+_CLOCKED = (
+    "import signal, sys, time\n"
+    "out = sys.argv[1]\n"
+    "began = time.monotonic()\n"
+    "def term(*_):\n"
+    "    open(out, 'w').write(f'{began} {time.monotonic()}')\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "time.sleep(30)\n"
+)
+
+
+@pytest.mark.parametrize("adopted", [False, True])
+async def test_max_run_time_is_never_cut_short(tmp_path, adopted):
+    """The limit counts from the release the executor recorded, on the monotonic clock:
+    psutil's create_time (whole-second boot time) made a 1 s limit fire after 0.6 s."""
+    first = ProcessExecutor(tmp_path / "work")
+    out = tmp_path / "clock"
+    h = await first.start(
+        ExecSpec("clocked", (sys.executable, "-c", _CLOCKED, str(out)), max_run_time_s=1.0)
+    )
+    ex = ProcessExecutor(tmp_path / "work") if adopted else first
+    if adopted:  # as after an agent restart: the deadline comes from what start() recorded
+        h = ex.adopt("clocked", h.pid, h.start_time)
+        assert h is not None
+    st = await ex.wait(h)
+    assert st.timed_out
+    released = json.loads((Path(h.task_dir) / "meta.json").read_text())["started_mono"]
+    began, termed = map(float, out.read_text().split())
+    assert released <= began < released + 0.5  # the recorded start is the task's start
+    assert termed >= released + 1.0, termed - released
+    assert termed < released + 2.5, termed - released
+
+
+def _reachable_dir(tmp_path: Path) -> Path:
+    """A directory every user can traverse (pytest's tmp_path sits under a 0700 dir)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="mesh-exec-"))
+    d.chmod(0o711)
+    return d
+
+
+@pytest.fixture
+def nobody():
+    if os.geteuid() != 0:
+        pytest.skip("needs root")  # run as root in CI containers, where it matters
+    return pwd.getpwnam("nobody")
+
+
+async def test_task_user_problem_names_the_blocking_dir(tmp_path, nobody):
+    import shutil
+
+    base = _reachable_dir(tmp_path)
+    try:
+        private = base / "private"
+        private.mkdir(mode=0o700)
+        ex = ProcessExecutor(private / "agent" / "tasks", run_as="nobody")
+        problem = ex.task_user_problem()
+        assert problem == f"task user 'nobody' cannot traverse or write {private}"
+        assert list((private / "agent" / "tasks").iterdir()) == []  # the probe left nothing
+        private.chmod(0o711)
+        assert ex.task_user_problem() == ""
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_run_as_task_exit_status_is_recorded_for_a_restarted_agent(tmp_path, nobody):
+    import shutil
+
+    base = _reachable_dir(tmp_path)
+    old = os.umask(0o077)  # a hardened root: what the executor makes must still be usable
+    try:
+        first = ProcessExecutor(base / "agent" / "tasks", run_as="nobody")
+        assert first.task_user_problem() == ""
+        h = await first.start(sh("as-nobody", "id -u"))
+        while not gone(h.pid):
+            await asyncio.sleep(0.02)
+        later = ProcessExecutor(base / "agent" / "tasks", run_as="nobody")
+        adopted = later.adopt("as-nobody", h.pid, h.start_time)
+        assert adopted is not None  # its exit file is there
+        st = await later.wait(adopted)
+        assert st.exit_code == 0 and later.read_log("as-nobody") == f"{nobody.pw_uid}\n".encode()
+    finally:
+        os.umask(old)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_unwritable_exit_file_is_said_in_the_task_log(tmp_path, nobody):
+    """Under a dir the task user cannot traverse (what the agent refuses at start) the
+    wrapper still says why no exit status was recorded."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    ex = ProcessExecutor(private / "tasks", run_as="nobody")
+    h = await ex.start(sh("lost-exit", "exit 0"))
+    st = await ex.wait(h)  # the agent is its parent: it still knows
+    assert st.exit_code == 0
+    assert "exit status 0 not recorded" in ex.read_log("lost-exit", "stderr").decode()
+
+
+async def test_adopted_task_without_exit_file_is_unknown_not_failed(tmp_path, nobody):
+    """A restarted agent that finds no exit status says so, rather than reporting a
+    task that may have succeeded as terminated."""
+    from agent.service import _outcome
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    first = ProcessExecutor(private / "tasks", run_as="nobody")
+    h = await first.start(sh("unknown", "sleep 0.5; exit 0"))
+    later = ProcessExecutor(private / "tasks", run_as="nobody")  # the agent restarted
+    adopted = later.adopt("unknown", h.pid, h.start_time)
+    assert adopted is not None  # still running
+    st = await later.wait(adopted)
+    assert (st.exit_code, st.signal) == (None, None)
+    assert _outcome(st) == ("FAILED", "exit status unknown: the task left no exit file")

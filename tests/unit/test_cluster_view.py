@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.cluster import DOWN, READY, SUSPECT, ClusterView, NodeView
+from coordinator.cluster import DOWN, READY, REFUSING, SUSPECT, ClusterView, NodeView
 from mesh.schema import GpuStatus, NodeState
 from workloads.resources import Resources
 
@@ -24,6 +24,21 @@ def test_a_new_node_is_ready_and_worth_a_reconcile():
     assert isinstance(view, NodeView)
     assert (view.status, view.last_seen, view.node_id) == (READY, 100.0, "n1")
     assert cv.ready() == [view]
+
+
+def test_a_refusing_node_is_listed_but_never_ready_until_it_takes_tasks():
+    cv = ClusterView("r1", suspect_after=3.0, down_after=10.0)
+    why = "tasks would run as root: use --run-as USER or --allow-root"
+    assert cv.observe(hb("n1", refusing=why), now=0.0) is True
+    cv.observe(hb("n2", refusing=why), now=0.0)
+    assert cv.nodes["n1"].status == REFUSING and cv.ready() == []
+    assert cv.refusals() == f"2 nodes take no tasks (n1: {why})"
+    assert cv.observe(hb("n2", seq=2, refusing=why), now=1.0) is False  # unchanged
+    assert cv.observe(hb("n2", seq=3), now=2.0) is True  # restarted with --run-as
+    assert [v.node_id for v in cv.ready()] == ["n2"]
+    assert cv.refusals() == f"node n1 takes no tasks: {why}"
+    assert cv.sweep(10.0) == ["n1", "n2"]  # silence makes it down like any other
+    assert cv.nodes["n1"].status == DOWN and cv.refusals() == ""
 
 
 def test_ready_then_suspect_then_down_by_age():
