@@ -129,11 +129,13 @@ class TaskStore:
         """Open (or create) the store; a corrupt file is moved aside and replaced."""
         db = Path(path)
         db.parent.mkdir(parents=True, exist_ok=True)
+        _private(db)
         recovered_from: str | None = None
         try:
             conn = await cls._connect(db)
         except _Corrupt:
             recovered_from = str(_move_aside(db))
+            _private(db)
             conn = await cls._connect(db)
         return cls(conn, db, recovered_from)
 
@@ -236,3 +238,10 @@ class TaskStore:
 
 def _record(row: Any) -> TaskRecord:
     return TaskRecord(**dict(zip(_COLUMNS, tuple(row), strict=True)))
+
+
+def _private(db: Path) -> None:
+    """The store holds assignments, env secrets included: readable by the agent's user
+    only, whatever the umask (SQLite gives its -wal and -shm files the same mode)."""
+    os.close(os.open(db, os.O_CREAT | os.O_RDWR, 0o600))
+    os.chmod(db, 0o600)

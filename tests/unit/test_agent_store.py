@@ -34,6 +34,20 @@ async def test_open_creates_dirs_and_wal(tmp_path):
     conn.close()
 
 
+async def test_store_files_are_private_whatever_the_umask(tmp_path):
+    path = tmp_path / "agent.db"
+    path.write_bytes(b"")
+    path.chmod(0o644)  # an older agent's file, made under a lax umask
+    old = os.umask(0o022)
+    try:
+        async with await TaskStore.open(path) as s:
+            await s.insert_if_new(rec())
+            modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.glob("agent.db*")}
+    finally:
+        os.umask(old)
+    assert modes and set(modes.values()) == {0o600}, modes
+
+
 async def test_insert_if_new_is_idempotent(store):
     assert await store.insert_if_new(rec()) is True
     assert await store.insert_if_new(rec()) is False
