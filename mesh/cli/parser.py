@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from mesh.cli import certs, infer, load
+from mesh.cli import install as agent_install
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,5 +185,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     load.add_parser(sub)
     certs.add_parser(sub)
+    agent_install.add_parsers(ag)  # `mesh agent install|uninstall`
     infer.add_parsers(sub)
     return p
