@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mesh import signing
+from mesh import signing, subjects
 from mesh.security.identity import CA_CERT, Identity
 
 UNIT_NAME = "mesh-agent.service"
@@ -126,6 +126,10 @@ def systemd_quote(arg: str) -> str:
 
 
 def environment(i: AgentInstall) -> dict[str, str]:
+    try:
+        subjects.token(i.region, "region")
+    except subjects.SubjectError as exc:
+        raise UnitError(str(exc)) from None
     env = {
         "MESH_NATS_URL": i.nats_url,
         "MESH_REGION": i.region,
