@@ -212,7 +212,13 @@ async def test_installed_unit_command_line_runs_a_working_agent(servers, certs, 
         job = await client.submit(
             {
                 "name": "installed",
-                "tasks": [{"role": "main", "command": ["sh", "-c", "echo hi"], "resources": {"cpu": "100m"}}],
+                "tasks": [
+                    {
+                        "role": "main",
+                        "command": ["sh", "-c", "echo hi"],
+                        "resources": {"cpu": "100m"},
+                    }
+                ],
             }
         )
         done = await client.wait(job, timeout=60)
