@@ -232,7 +232,10 @@ def carry_out(plan: Plan, lay: Layout, *, dry_run: bool) -> int:
     if not as_root:
         print(f"not root: owners left as {_owner(os.geteuid(), os.getegid())}")
     if use_systemd:
-        return _run_commands(plan.after, stop_on_error=True)
+        code = _run_commands(plan.after, stop_on_error=True)
+        if code == EXIT_OK and plan.writes:
+            print(f"status: systemctl status {UNIT_NAME}; log: journalctl -u {UNIT_NAME}")
+        return code
     print(_why_not_systemd(lay, init, active))
     for cmd in plan.before + plan.after:
         print(f"  {' '.join(cmd)}")
@@ -343,7 +346,10 @@ def uninstall(args: argparse.Namespace) -> int:
     code = carry_out(plan, lay, dry_run=args.dry_run)
     if not args.purge:
         print(f"kept {lay.data_dir} (tasks' logs and the task store): --purge removes it")
-    print("tasks the agent started and left running keep running: kill their jobs first")
+    print(
+        "tasks the agent left running keep running (KillMode=process): kill their jobs "
+        "before uninstalling, or stop them by hand"
+    )
     return code
 
 

@@ -205,7 +205,7 @@ async def test_installed_unit_command_line_runs_a_working_agent(servers, certs, 
 
         async def ready_node():
             nodes = [n for n in await client.nodes() if n["node_id"] == "node-1"]
-            return nodes and nodes[0]
+            return nodes and nodes[0]["status"] == "ready" and nodes[0]
 
         node = await eventually(ready_node, 30.0)
         assert node["labels"].get("site") == "lab"
