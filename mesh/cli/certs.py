@@ -4,7 +4,11 @@
     mesh certs issue [DIR] --agent NODE         one client certificate (or --user NAME,
                                                 --fleet PREFIX, --coordinator)
     mesh certs list [DIR]                       the identities DIR holds certificates for
-    mesh certs nats-conf [DIR] --region R ...   a nats-server config: TLS + per-identity users
+    mesh certs bundle [DIR] --agent NODE        one node's identity in one file, for
+                                                `mesh agent install --bundle FILE`
+    mesh certs nats-conf [DIR] --region R ...   a nats-server config: TLS + per-identity users;
+                                                with -o FILE --reload: rewrite it and reload
+                                                the server that runs it (via its pid file)
 
 DIR defaults to --certs / $MESH_CERTS / the `mesh up` context.
 """
@@ -12,14 +16,23 @@ DIR defaults to --certs / $MESH_CERTS / the `mesh up` context.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import signal
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mesh.security import pki
+from mesh.security import bundle, pki
 from mesh.security.identity import Identity, IdentityError
 from mesh.security.permissions import server_users
 from mesh.server import ServerConfig, ServerError, TlsFiles
+
+DEFAULT_LISTEN = "0.0.0.0:4222"
+DEFAULT_STORE_DIR = "/var/lib/nats"
+PID_FILE_NAME = "nats-server.pid"
 
 
 def add_parser(sub: Any) -> None:
@@ -43,16 +56,64 @@ def add_parser(sub: Any) -> None:
     who.add_argument("--coordinator", action="store_true", help="the coordinators")
     ls = certs.add_parser("list", help="the identities with certificates in DIR")
     ls.add_argument("dir", nargs="?")
-    conf = certs.add_parser("nats-conf", help="print a nats-server config for this region")
+    bun = certs.add_parser(
+        "bundle",
+        help="one node's identity (certificate, key, CA, assignments.pub) in one file",
+    )
+    bun.add_argument("dir", nargs="?")
+    bun.add_argument("--agent", metavar="NODE", required=True, help="the node to bundle")
+    bun.add_argument(
+        "-o",
+        "--output",
+        dest="out_file",
+        metavar="FILE",
+        help="where to write it (default: ./mesh-agent-NODE.tar.gz); written 0600, never "
+        "over an existing file",
+    )
+    conf = certs.add_parser(
+        "nats-conf", help="a nats-server config for this region (stdout, or -o FILE)"
+    )
     conf.add_argument("dir", nargs="?")
-    conf.add_argument("--listen", default="0.0.0.0:4222")
-    conf.add_argument("--store-dir", default="/var/lib/nats")
+    # SUPPRESS: absent here, the global `mesh --region R certs ...` (or the context) stands.
+    conf.add_argument(
+        "--region",
+        default=argparse.SUPPRESS,
+        help="the region whose subjects the identities may use (default: --region before "
+        "the command, $MESH_REGION, the context, or 'default')",
+    )
+    conf.add_argument(
+        "--listen", default=DEFAULT_LISTEN, help=f"client address (default {DEFAULT_LISTEN})"
+    )
+    conf.add_argument(
+        "--store-dir",
+        default=DEFAULT_STORE_DIR,
+        help=f"JetStream's directory (default {DEFAULT_STORE_DIR}); the server must be able "
+        "to write it",
+    )
+    conf.add_argument(
+        "--pid-file",
+        help=f"where the server writes its pid (default STORE_DIR/{PID_FILE_NAME}): "
+        f"`nats-server --signal reload=PID_FILE` and --reload use it",
+    )
     conf.add_argument(
         "--fleet-nodes",
         action="append",
         default=[],
         metavar="PREFIX=N",
         help="fleet PREFIX speaks for nodes PREFIX-0000 .. PREFIX-(N-1)",
+    )
+    conf.add_argument(
+        "-o",
+        "--output",
+        dest="out_file",
+        metavar="FILE",
+        help="write the config to FILE (atomically: readers never see half a file)",
+    )
+    conf.add_argument(
+        "--reload",
+        action="store_true",
+        help="with -o: then tell the server running it to reload (SIGHUP to the pid in its "
+        "pid file); connections stay up, identities added or removed take effect at once",
     )
 
 
@@ -69,6 +130,150 @@ def _identity(args: argparse.Namespace) -> Identity:
 def fleet_node_ids(prefix: str, count: int) -> list[str]:
     """The node ids of a hollow fleet (agent.hollow names them so; a test checks it)."""
     return [f"{prefix}-{i:04d}" for i in range(count)]
+
+
+@dataclass(frozen=True)
+class NatsConf:
+    """What `nats-conf` writes, and what it tells the operator it wrote."""
+
+    config: ServerConfig
+    region: str
+    pid_file: str
+    identities: tuple[Identity, ...]
+
+    def render(self) -> str:
+        return self.config.render()
+
+    def summary(self, where: str) -> str:
+        kinds: dict[str, list[str]] = {}
+        for ident in self.identities:
+            kinds.setdefault(ident.kind, []).append(ident.name or ident.kind)
+        who = "; ".join(f"{k}: {', '.join(names)}" for k, names in kinds.items())
+        return (
+            f"nats-conf: wrote {where}: region {self.region}, listen "
+            f"{self.config.host}:{self.config.port}, store_dir {self.config.store_dir}, "
+            f"pid_file {self.pid_file}; {len(self.identities)} identities ({who})"
+        )
+
+
+def nats_conf(
+    certs_dir: str | Path,
+    region: str,
+    *,
+    listen: str = DEFAULT_LISTEN,
+    store_dir: str = DEFAULT_STORE_DIR,
+    pid_file: str | None = None,
+    fleet_nodes: Sequence[str] = (),
+) -> NatsConf:
+    """The region's server config from the certificate directory: one user per identity
+    with a certificate there (so issuing a certificate and regenerating adds it)."""
+    fleets = {}
+    for item in fleet_nodes:
+        prefix, sep, n = item.partition("=")
+        if not sep or not n.isdigit():
+            raise IdentityError(f"--fleet-nodes {item!r}: expected PREFIX=N")
+        fleets[prefix] = fleet_node_ids(prefix, int(n))
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--listen {listen!r}: expected HOST:PORT")
+    ca, cert, key = pki.server_files(certs_dir)
+    store = str(Path(store_dir).absolute())
+    pid = str(Path(pid_file).absolute()) if pid_file else str(Path(store) / PID_FILE_NAME)
+    idents = tuple(pki.identities(certs_dir))
+    cfg = ServerConfig(
+        host=host or "0.0.0.0",
+        port=int(port),
+        store_dir=store,
+        tls=TlsFiles(str(Path(ca).resolve()), str(Path(cert).resolve()), str(Path(key).resolve())),
+        users=server_users(region, idents, fleets=fleets),
+        extra_conf=f"pid_file: {_quote(pid)}",
+    )
+    return NatsConf(cfg, region, pid, idents)
+
+
+def _quote(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid nats-server config string
+
+
+def write_atomically(path: str | Path, text: str, mode: int = 0o644) -> Path:
+    """Write `text` to `path` through a temporary file renamed over it, so a server
+    reloading at that moment reads the old file or the new one, never half of one."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        tmp.replace(p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return p
+
+
+def reload_server(pid_file: str | Path) -> int:
+    """SIGHUP (nats-server's reload signal) to the pid in `pid_file`, after checking that
+    the process is a nats-server: a stale pid file must not signal whoever reused the pid.
+    This is what `nats-server --signal reload=PID_FILE` does, without needing the binary."""
+    p = Path(pid_file)
+    try:
+        pid = int(p.read_text().strip())
+    except FileNotFoundError:
+        raise ServerError(
+            f"{p}: no pid file (is the nats-server with this config running?)"
+        ) from None
+    except ValueError:
+        raise ServerError(f"{p}: not a pid file") from None
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except FileNotFoundError:
+        raise ServerError(f"{p}: pid {pid} is not running (a stale pid file?)") from None
+    except OSError:
+        comm = "nats-server"  # no /proc to ask: trust the pid file
+    if not comm.startswith("nats-server"):
+        raise ServerError(f"{p}: pid {pid} is {comm!r}, not a nats-server: not signalled")
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        raise ServerError(f"{p}: pid {pid} is not running (a stale pid file?)") from None
+    except PermissionError:
+        raise ServerError(f"{p}: may not signal pid {pid} (run as the server's user)") from None
+    return pid
+
+
+def _nats_conf(args: argparse.Namespace, d: str, region: str) -> int:
+    if args.reload and not args.out_file:
+        print("mesh certs nats-conf: --reload needs -o FILE (the server's config)", file=sys.stderr)
+        return 2
+    conf = nats_conf(
+        d,
+        region,
+        listen=args.listen,
+        store_dir=args.store_dir,
+        pid_file=args.pid_file,
+        fleet_nodes=args.fleet_nodes,
+    )
+    if args.out_file:
+        write_atomically(args.out_file, conf.render())
+        print(conf.summary(str(Path(args.out_file).absolute())), file=sys.stderr)
+    else:
+        sys.stdout.write(conf.render())
+        print(conf.summary("stdout"), file=sys.stderr)
+    if args.reload:
+        pid = reload_server(conf.pid_file)
+        print(f"nats-conf: reload signalled to nats-server pid {pid}", file=sys.stderr)
+    return 0
+
+
+def _bundle(args: argparse.Namespace, d: str) -> int:
+    b = bundle.collect(d, args.agent)
+    out = bundle.write(b, args.out_file or f"mesh-agent-{args.agent}.tar.gz")
+    print(f"{out}: agent {args.agent} ({', '.join(n for n in b.names() if n != bundle.MANIFEST)})")
+    print(f"  on the node: mesh agent install --bundle {out.name} --nats URL --region R ...")
+    return 0
 
 
 def run(args: argparse.Namespace, certs_flag: str | None, region: str) -> int:
@@ -95,25 +300,12 @@ def run(args: argparse.Namespace, certs_flag: str | None, region: str) -> int:
             for ident in pki.identities(d):
                 print(ident)
             return 0
-        fleets = {}
-        for item in args.fleet_nodes:
-            prefix, sep, n = item.partition("=")
-            if not sep or not n.isdigit():
-                raise IdentityError(f"--fleet-nodes {item!r}: expected PREFIX=N")
-            fleets[prefix] = fleet_node_ids(prefix, int(n))
-        ca, cert, key = pki.server_files(d)
-        host, _, port = args.listen.rpartition(":")
-        cfg = ServerConfig(
-            host=host or "0.0.0.0",
-            port=int(port),
-            store_dir=args.store_dir,
-            tls=TlsFiles(
-                str(Path(ca).resolve()), str(Path(cert).resolve()), str(Path(key).resolve())
-            ),
-            users=server_users(region, pki.identities(d), fleets=fleets),
-        )
-        sys.stdout.write(cfg.render())
-        return 0
-    except (pki.CertError, IdentityError, ServerError, ValueError) as exc:
+        if args.certs_cmd == "bundle":
+            return _bundle(args, d)
+        return _nats_conf(args, d, region)
+    except (pki.CertError, IdentityError, ServerError, bundle.BundleError, ValueError) as exc:
+        print(f"mesh certs: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
         print(f"mesh certs: {exc}", file=sys.stderr)
         return 2

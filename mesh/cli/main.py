@@ -12,6 +12,7 @@ import sys
 
 from mesh import logs
 from mesh.cli import certs, commands, completion, contexts, infer, load, output, servers
+from mesh.cli import install as agent_install
 from mesh.cli.context import LOCAL, ContextError, ContextStore, load_context, read_store
 from mesh.cli.exitcodes import EXIT_OK, EXIT_USAGE
 from mesh.cli.parser import build_parser
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             from mesh.cli.demo import run_demo
 
             return run_demo(args.sim_nodes)
+        if args.cmd == "agent" and getattr(args, "agent_cmd", None):
+            return agent_install.run(args, ctx)
         try:
             if args.cmd == "agent":
                 return asyncio.run(servers.agent(args, ctx))

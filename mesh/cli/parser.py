@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Iterator
 
 from mesh.cli import certs, completion, contexts, infer, load
+from mesh.cli import install as agent_install
 
 OUTPUTS = ("table", "json", "yaml", "wide")
 
@@ -265,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     load.add_parser(sub)
     certs.add_parser(sub)
+    agent_install.add_parsers(ag)  # `mesh agent install|uninstall`
     infer.add_parsers(sub)
     contexts.add_parser(sub)
     completion.add_parser(sub)
