@@ -46,10 +46,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coordinator.changes import Mark
+from coordinator.cluster import ClusterView
 from coordinator.placement import Shape, Snapshot, describe
 from coordinator.placement.plugins import FILTERS, copies_fitting, gpu_fits, rejections
 from coordinator.placement.snapshot import WHOLE, Working
-from coordinator.scheduling import spec_shape
+from coordinator.scheduling import snapshot, spec_shape
 from coordinator.state import HOLDING, JobRecord, RegionState
 from workloads.lifecycle import TaskState
 from workloads.quantity import format_bytes, format_cpu, format_gpu
@@ -243,6 +244,16 @@ class RegionFit:
                     f"{_count_nodes(int(usable.sum()))} can take one"
                 )
         return None
+
+
+def submit_warning(state: RegionState, cluster: ClusterView, spec: JobSpec) -> str | None:
+    """What a submit's reply says of a job that can never fit the region as it is now:
+    it is still accepted (nodes may join or grow). Nothing while no node is ready (a
+    region starting up)."""
+    if not cluster.ready():
+        return None
+    why = region_fit(state, snapshot(cluster, state)).verdict(needs_of_spec(spec))
+    return None if why is None else f"accepted, but it {why}"
 
 
 def region_fit(state: RegionState, snap: Snapshot) -> RegionFit:

@@ -175,7 +175,10 @@ async def _job(args: argparse.Namespace, client: MeshClient) -> int:
         text = read_checked(args.file, parse_job_spec)
         if text is None:
             return EXIT_USAGE
-        job_id = await client.submit(text, client_id=args.client_id)
+        reply = await client.submit_reply(text, client_id=args.client_id)
+        job_id = reply["job_id"]
+        if reply.get("warning"):
+            print(f"warning: {reply['warning']}", file=sys.stderr)
         if not args.wait:
             out(args, {"job_id": job_id}, job_id)
             return EXIT_OK
