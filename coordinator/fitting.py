@@ -58,7 +58,18 @@ from workloads.resources import Resources
 from workloads.spec import JobSpec
 
 POOLED = 4  # cpu, memory, disk, gpu: the kinds admission budgets (Resources.KINDS order)
-_FORMAT = (format_cpu, format_bytes, format_bytes, format_gpu, format_bytes)
+
+
+def _about_bytes(n: int) -> str:
+    """Bytes to a tenth of the largest binary unit (a region's memory summed is rarely
+    a round number: 167290420Ki reads as 159.5Gi)."""
+    for unit, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20)):
+        if n >= size:
+            return f"{n / size:.1f}".removesuffix(".0") + unit
+    return format_bytes(n)
+
+
+_FORMAT = (format_cpu, _about_bytes, _about_bytes, format_gpu, _about_bytes)
 
 
 @dataclass(frozen=True, slots=True)
