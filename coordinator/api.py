@@ -9,6 +9,7 @@ reply only after their event is acknowledged by the job log.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -20,9 +21,11 @@ import yaml
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from coordinator.fitting import submit_warning
 from coordinator.joblog import MAX_ENTRY_BYTES, Fenced, Unavailable
 from coordinator.pooling import pool_rows, pool_view
 from coordinator.pools import parse_pool_tree
+from coordinator.pools.default import job_pool, with_default_pool
 from coordinator.pools.tree import load_pool_source
 from coordinator.views import job_detail, node_summary
 from mesh import subjects
@@ -227,8 +230,9 @@ class Api:
         existing = await self._existing(req.client_id)
         if existing is not None:
             return ok(job_id=existing, duplicate=True)
+        warning = self._fit_warning(spec)
         (job_id,) = await self._submit([(req.client_id, spec)])
-        return ok(job_id=job_id, duplicate=False)
+        return ok(job_id=job_id, duplicate=False, **warning)
 
     async def job_submit_many(self, data: bytes) -> bytes:
         """Each item is checked alone (a bad spec fails that item, with its index); the
@@ -255,10 +259,17 @@ class Api:
             else:
                 fresh.append((i, item.client_id, spec))
         if fresh:
+            warnings = [self._fit_warning(spec) for _, _, spec in fresh]
             job_ids = await self._submit([(cid, spec) for _, cid, spec in fresh])
-            for (i, _, _), job_id in zip(fresh, job_ids, strict=True):
-                results[i] = {"job_id": job_id, "duplicate": False}
+            for (i, _, _), job_id, w in zip(fresh, job_ids, warnings, strict=True):
+                results[i] = {"job_id": job_id, "duplicate": False, **w}
         return ok(results=results)
+
+    def _fit_warning(self, spec) -> dict[str, str]:
+        """A job that can never fit the region as it is now is accepted (the region may
+        grow), with a `warning` saying why (coordinator/fitting.py)."""
+        why = submit_warning(self.coord.state, self.coord.cluster, spec)
+        return {} if why is None else {"warning": why}
 
     def _checked_spec(self, req: SubmitRequest):
         if not req.client_id:
@@ -271,6 +282,9 @@ class Api:
         except SpecError as exc:
             raise ApiError(ErrorCode.INVALID_SPEC, str(exc)) from None
         state = self.coord.state
+        pool = job_pool(state.pools, spec.pool)  # `/` is `/default` once pools are defined
+        if pool != spec.pool:
+            spec = dataclasses.replace(spec, pool=pool)
         if spec.pool not in state.pools or not state.pools.is_leaf(spec.pool):
             what = "is not defined" if spec.pool not in state.pools else "has child pools"
             raise ApiError(
@@ -429,6 +443,8 @@ class Api:
             # Read as parse_pool_tree read it (libyaml: the pure-Python loader took
             # seconds on a large tree), bytes too: `dict(bytes)` failed as INTERNAL.
             source = await asyncio.to_thread(load_pool_source, req.source)
+            # With a leaf /default, where jobs that name no pool go (docs/pools.md).
+            tree, source = await asyncio.to_thread(with_default_pool, tree, source)
         except (SpecError, yaml.YAMLError) as exc:
             raise ApiError(ErrorCode.INVALID_SPEC, str(exc)) from None
         event = PoolsApplied(dict(source), time.time())

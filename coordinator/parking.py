@@ -21,6 +21,12 @@ that answer (a job's pending tasks only grow while none is placed). A backlog of
 jobs held by a limit of zero was admitted again, window by window, for every batch of
 new submits.
 
+Jobs that can never fit the region as it is, whatever is free (`coordinator.fitting`:
+a gang larger than the ready nodes, a task larger than any of them), are parked before
+admission, until the ready nodes' capacity changes (`RegionFit.version`): they must not
+count in admission's look-ahead (17 such gangs kept a pool's every other job waiting for
+ever) nor hold the line.
+
 Parking also keeps the waiting jobs it does not hold, in queue order (`looking`), from
 the fold's journal of queue moves: a round looks at those without walking a queue of
 thousands of parked jobs (which took a third of the leader's time at 5,000 nodes with
@@ -65,6 +71,8 @@ class Parking:
     tree: PoolTree  # the pools the `never` jobs were found never admissible in
     why: dict[str, str] = field(default_factory=dict)  # job -> why it waits
     never: set[str] = field(default_factory=set)  # parked by admission, not for room
+    fit_version: int = 0  # the RegionFit.version the `unfit` jobs were judged on
+    unfit: set[str] = field(default_factory=set)  # can never fit the region as it is
     needs: dict[str, Needs] = field(default_factory=dict)
     alike: dict[Needs, set[str]] = field(default_factory=dict)  # the jobs with those needs
     # Gang -> when it holds the line, kept while it waits, parked or not (one heap entry)
@@ -72,13 +80,16 @@ class Parking:
     due: list[tuple[float, str]] = field(default_factory=list)  # heap of (until, gang)
 
 
-def parked(state: RegionState, snap: Snapshot, now: float) -> Parking:
-    """The parked jobs for this round, those something may now fit let go."""
+def parked(state: RegionState, snap: Snapshot, now: float, fit_version: int = 0) -> Parking:
+    """The parked jobs for this round, those something may now fit let go.
+    `fit_version`: the region's `RegionFit.version` (what can ever fit it)."""
     p = state.memo.get("parking")
     rows = None if p is None else snap.row_changes.since(p.mark)
     queue_mark = state.queue_changes.mark()
     if p is None or rows is None:
-        p = Parking(snap.mark, queue_mark, _waiting(state, {}), state.pools)
+        p = Parking(
+            snap.mark, queue_mark, _waiting(state, {}), state.pools, fit_version=fit_version
+        )
         state.memo["parking"] = p
     else:
         moved = state.queue_changes.since(p.queue_mark)
@@ -98,6 +109,15 @@ def parked(state: RegionState, snap: Snapshot, now: float) -> Parking:
                 for job_id in p.never:
                     del p.why[job_id]
                 p.never.clear()
+                p.looking = _waiting(state, p.why)
+        if p.fit_version != fit_version:
+            # The region's capacity changed: every job that could never fit it is
+            # judged again (those that still cannot are parked again at once).
+            p.fit_version = fit_version
+            if p.unfit:
+                for job_id in p.unfit:
+                    del p.why[job_id]
+                p.unfit.clear()
                 p.looking = _waiting(state, p.why)
     _let_go_due(p, state, now)
     return p
@@ -156,6 +176,14 @@ def park_never(p: Parking, never: Iterable[str], state: RegionState, why: dict[s
         p.never.add(job_id)
 
 
+def park_unfit(p: Parking, unfit: Mapping[str, str], state: RegionState) -> None:
+    """Jobs that can never fit the region as it is (`coordinator.fitting`)."""
+    for job_id, why in unfit.items():
+        p.looking.pop(state.jobs[job_id].order, None)
+        p.why[job_id] = why
+        p.unfit.add(job_id)
+
+
 def _needs(job: JobRecord) -> Needs:
     counts: dict[Need, int] = {}
     for t in job.tasks.values():
@@ -172,6 +200,8 @@ def _let_go(p: Parking, job_id: str, state: RegionState) -> None:
     del p.why[job_id]
     if job_id in p.never:
         p.never.discard(job_id)
+    elif job_id in p.unfit:
+        p.unfit.discard(job_id)
     else:
         needs = p.needs.pop(job_id)
         alike = p.alike[needs]

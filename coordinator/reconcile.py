@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from coordinator.changes import Mark
 from coordinator.cluster import DOWN, HEARD, ClusterView, NodeView
-from coordinator.parking import gang_due, park, park_never, parked
+from coordinator.fitting import region_fit
+from coordinator.parking import gang_due, park, park_never, park_unfit, parked
 from coordinator.placement import GangRequest, Placement, Snapshot
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
 from coordinator.scheduling import (
@@ -390,6 +391,7 @@ def _place_waiting(
         d.unplaced.update({job.job_id: why for job in state.pending_jobs()})
         return
     snap = snapshot(nodes, state)
+    fit = region_fit(state, snap)  # what can ever fit the ready nodes
     capacity = Resources(*(int(x) for x in snap.cap_total))  # kept by the snapshot
     key = (state.epoch, capacity)
     pools = state.memo.get("pool_view")
@@ -401,7 +403,7 @@ def _place_waiting(
     # would give the same answer, so skip it. Time moves what heartbeats measured and
     # the starvation guard; a backlog that admission holds back (30,000 jobs) took a 1 s
     # round every second.
-    idle_key = (key, int(now / IDLE_S), gang_due(state, now))
+    idle_key = (key, fit.version, int(now / IDLE_S), gang_due(state, now))
     idle = state.memo.get("placement_idle")
     if idle is not None and idle[0] == idle_key:
         d.unplaced.update(idle[1])
@@ -411,7 +413,7 @@ def _place_waiting(
     # and snapshot (nothing changed), until something is placed, the whole queue has been
     # looked at, or `windows_per_round` windows were; only a whole queue with nothing
     # placed makes the round idle. (Else a 100,000-job queue took a window per wake-up.)
-    parking = parked(state, snap, now)
+    parking = parked(state, snap, now, fit.version)
     d.unplaced.update(parking.why)
     # The queue positions of the jobs looked at: their keys list in C (the values view
     # walks in Python, and listing 70,000 ids took 16 ms a round where a window needs
@@ -425,6 +427,13 @@ def _place_waiting(
         orders, cursor = window(waiting, cursor, config.window_jobs)
         covered = len(waiting) if len(orders) == len(waiting) else covered + config.window_jobs
         looked = list(map(state.jobs.__getitem__, map(state.queue.__getitem__, orders)))
+        # Jobs that can never fit the region as it is are set aside before admission:
+        # counted in its look-ahead, or holding the line, they would block the rest.
+        unfit = fit.never(looked, len(state.waiting))
+        if unfit:
+            park_unfit(parking, unfit, state)
+            d.unplaced.update(unfit)
+            looked = [j for j in looked if j.job_id not in unfit]
         why, placed, misfits, never = _place_window(
             state, nodes, snap, looked, d.pools, now, config
         )

@@ -27,7 +27,7 @@ from coordinator.placement import (
 from coordinator.state import HOLDING, JobRecord, RegionState
 from mesh.schema import NodeState
 from workloads.lifecycle import TaskState
-from workloads.spec import TaskGroup
+from workloads.spec import JobSpec, TaskGroup
 
 T = TypeVar("T")
 
@@ -159,8 +159,13 @@ def _same(a: tuple, b: tuple) -> bool:
 
 
 def shape_of(job: JobRecord, group: TaskGroup) -> Shape:
+    return spec_shape(job.spec, group)
+
+
+def spec_shape(spec: JobSpec, group: TaskGroup) -> Shape:
+    """The shape of one task of `group`: what it asks for and where it may go."""
     r = group.resources
-    p = job.spec.placement
+    p = spec.placement
     return _shape(
         (r.cpu, r.memory, r.disk, r.gpu, r.gpu_memory),
         group.simulate is not None,

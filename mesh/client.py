@@ -70,9 +70,15 @@ class MeshClient:
     async def submit(self, spec: Any, client_id: str | None = None, retries: int = 20) -> str:
         """Submit a job (YAML text or mapping). Retried with the same client id, so a
         retry after a lost reply or a leader change never creates a second job."""
+        return (await self.submit_reply(spec, client_id, retries))["job_id"]
+
+    async def submit_reply(
+        self, spec: Any, client_id: str | None = None, retries: int = 20
+    ) -> dict:
+        """`submit`, returning the whole reply: `job_id`, `duplicate`, and a `warning`
+        when the job can never fit the region as it is now (it is accepted all the same)."""
         cid = client_id or uuid.uuid4().hex
-        reply = await self.request("job.submit", SubmitRequest(cid, spec), retries=retries)
-        return reply["job_id"]
+        return await self.request("job.submit", SubmitRequest(cid, spec), retries=retries)
 
     async def submit_many(
         self, specs: list[Any], client_ids: list[str] | None = None, retries: int = 20

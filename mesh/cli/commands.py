@@ -220,9 +220,15 @@ async def _run(args: argparse.Namespace, client: MeshClient) -> int:
     """Every file was checked (by main, before connecting): one bad spec submits nothing."""
     texts = args.texts
     if len(texts) == 1:
-        job_ids = [await client.submit(texts[0][1], client_id=args.client_id)]
+        reply = await client.submit_reply(texts[0][1], client_id=args.client_id)
+        if reply.get("warning"):
+            print(f"warning: {reply['warning']}", file=sys.stderr)
+        job_ids = [reply["job_id"]]
     else:
         results = await jobs.submit_files(client, texts, args.client_id)
+        for r in results:
+            if r.warning:
+                print(f"{r.path}: warning: {r.warning}", file=sys.stderr)
         failed = [r for r in results if r.error]
         for r in failed:
             print(f"{r.path}: {r.error['code']}: {r.error['message']}", file=sys.stderr)

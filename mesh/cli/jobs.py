@@ -138,6 +138,7 @@ class Submitted:
     path: str
     job_id: str | None = None
     error: dict | None = None  # {"code", "message"} from the server
+    warning: str | None = None  # accepted, but it can never fit the region as it is
 
 
 async def submit_files(
@@ -152,5 +153,7 @@ async def submit_files(
         cids = [f"{base}-{start + i}" for i in range(len(batch))]
         replies = await client.submit_many([text for _, text in batch], cids)
         for (path, _), reply in zip(batch, replies, strict=True):
-            results.append(Submitted(path, reply.get("job_id"), reply.get("error")))
+            results.append(
+                Submitted(path, reply.get("job_id"), reply.get("error"), reply.get("warning"))
+            )
     return results

@@ -38,7 +38,8 @@ async def test_idle_pool_reclaims_its_entitlement_by_preemption(region):
     await region.fleet(10, inventories=[Inventory(10, 64 * GiB)] * 10)  # 100 cores
     await region.ready(10)
     client = region.client
-    assert await client.pool_apply(POOLS) == ["/", "/a", "/b", "/c"]
+    # (and /default, where jobs that name no pool go: docs/pools.md)
+    assert await client.pool_apply(POOLS) == ["/", "/a", "/b", "/c", "/default"]
 
     # /a idle: /b and /c borrow everything (50 cores each).
     borrowers = [await client.submit(sim_job(f"{p}{i}", f"/{p}", 3.0))

@@ -499,13 +499,23 @@ def test_a_gang_waits_whole_and_says_why():
     log.submit("j", count=3, cpu="4")
     d = log.decide(cluster(view("a", cpu=8000)))
     assert placements(d) == []
-    # 12 cores asked of an 8-core region: admission holds it back, and says so
-    assert d.unplaced["j"] == "pool /: cpu allocation 0 + job 12 > entitlement 8"
+    # 12 cores asked of an 8-core region: it can never fit, and says so
+    assert d.unplaced["j"].startswith(
+        "can never fit the region as it is: needs 12 cpu in one gang; the region has 8 cpu "
+        "in 1 ready node"
+    )
+    busy = Log()
+    busy.occupy("old", "a", cpu="4")
+    busy.submit("j", count=3, cpu="4")
+    d = busy.decide(cluster(view("a", cpu=12000)))
+    assert placements(d) == []  # it fits the idle node, not the busy one: admission says so
+    assert d.unplaced["j"] == "pool /: cpu allocation 4 + job 12 > entitlement 12"
     fragmented = Log()
+    fragmented.occupy("old", "c", cpu="4")
     fragmented.submit("j", count=3, cpu="4")
-    d = fragmented.decide(cluster(view("a", cpu=6000), view("b", cpu=6000)))
-    assert placements(d) == []  # 12 of 12 cores in all, but only 2 tasks fit: none start
-    assert "fits no node" in d.unplaced["j"] and "2 nodes: insufficient cpu" in d.unplaced["j"]
+    d = fragmented.decide(cluster(view("a", cpu=6000), view("b", cpu=6000), view("c", cpu=6000)))
+    assert placements(d) == []  # 14 of 18 cores free, but only 2 tasks fit: none start
+    assert "fits no node" in d.unplaced["j"] and "3 nodes: insufficient cpu" in d.unplaced["j"]
     log2 = Log()
     log2.submit("j", count=3, cpu="4")
     d = log2.decide(cluster(view("a", cpu=8000), view("b", cpu=4000)))
@@ -852,7 +862,7 @@ def test_a_round_looks_past_windows_where_nothing_fits():
     config = PlacementConfig(window_jobs=2, windows_per_round=20)
     d = reconcile(log.state, cluster(view("a", cpu=4000)), NOW, config)
     assert placements(d) == [("small.w.0", "a", 1)]
-    assert "entitlement" in d.unplaced["big00"]  # admission holds them back, and says so
+    assert "can never fit" in d.unplaced["big00"]  # set aside, and saying so
     one = PlacementConfig(window_jobs=2, windows_per_round=1)  # one window per round
     d = reconcile(log.state, cluster(view("a", cpu=4000)), NOW, one)
     assert placements(d) == []
@@ -956,8 +966,9 @@ def test_a_gang_stays_parked_while_releases_cannot_give_it_all_its_tasks(monkeyp
     log = Log()
     log.occupy("x", "a", cpu="1")
     log.occupy("y", "b", cpu="1")
-    log.submit("gang", count=3, memory="10Gi")  # 15 GiB free on a and on b: 2 slots
-    nodes = cluster(view("a"), view("b"))
+    log.occupy("z", "c", memory="10Gi")
+    log.submit("gang", count=3, memory="10Gi")  # 15 GiB free on a and b, 6 on c: 2 slots
+    nodes = cluster(view("a"), view("b"), view("c"))
     t0 = log.state.jobs["gang"].pending_since + 1.0  # young: far from holding the line
     d = log.step(nodes, t0)
     assert placements(d) == [] and "gang" in d.unplaced
@@ -968,7 +979,7 @@ def test_a_gang_stays_parked_while_releases_cannot_give_it_all_its_tasks(monkeyp
     log.update("y.w.0", S.SUCCEEDED)  # b: 16 GiB too; still 2 slots for 3 tasks
     log.step(nodes, t0 + 0.2)
     assert looked == [["gang"]]
-    nodes.observe(view("c").state, HEARD)  # a third slot: looked at, placed
+    log.update("z.w.0", S.SUCCEEDED)  # c: 16 GiB, a third slot: looked at, placed
     d = log.step(nodes, t0 + 0.3)
     assert looked[-1] == ["gang"] and len(placements(d)) == 3
 
@@ -1002,8 +1013,9 @@ def test_a_gang_is_parked_only_until_it_would_hold_the_line(monkeypatch):
     looked = spy_on_placement(monkeypatch)
     config = PlacementConfig(starve_after_s=30.0)
     log = Log()
-    log.submit("gang", count=3, cpu="4")  # 12 of 12 cores, 2 tasks fit: the gang waits
-    nodes = cluster(view("a", cpu=6000), view("b", cpu=6000))
+    log.occupy("old", "c", cpu="3")
+    log.submit("gang", count=3, cpu="4")  # 12 of 15 cores free, 2 tasks fit: the gang waits
+    nodes = cluster(view("a", cpu=6000), view("b", cpu=6000), view("c", cpu=6000))
     t0 = log.state.jobs["gang"].pending_since
     reconcile(log.state, nodes, t0 + 1.0, config)
     reconcile(log.state, nodes, t0 + 1.1, config)
@@ -1188,14 +1200,17 @@ def test_admission_sees_what_a_job_still_asks_for_after_some_of_it_was_placed():
 def test_a_job_that_fits_no_node_takes_no_admission_budget_and_the_window_is_placed_once(
     monkeypatch,
 ):
-    """'wide' is admitted (6 of 8 cores) but fits no 4-core node: the job it would keep
-    out of the pool's entitlement is placed in the same round, with one placement pass."""
+    """'wide' is admitted (6 of 16 cores, 8 held) but fits no node with 4 cores free: the
+    job it would keep out of the pool's entitlement is placed in the same round, with one
+    placement pass."""
     calls = spy_on_placement(monkeypatch)
     log = Log()
+    log.occupy("x", "a", cpu="4")
+    log.occupy("y", "b", cpu="4")
     log.submit("wide", count=1, cpu="6")
     log.submit("s1", count=1, cpu="2")
-    log.submit("s2", count=1, cpu="2")  # 6 + 2 + 2 > 8: admission would hold it back
-    d = log.decide(cluster(view("a", cpu=4000), view("b", cpu=4000)))
+    log.submit("s2", count=1, cpu="2")  # 8 + 6 + 2 + 2 > 16: admission would hold it back
+    d = log.decide(cluster(view("a", cpu=8000), view("b", cpu=8000)))
     assert sorted(t for t, _, _ in placements(d)) == ["s1.w.0", "s2.w.0"]
     assert "fits no node" in d.unplaced["wide"] and "insufficient cpu" in d.unplaced["wide"]
     assert len(calls) == 1 and calls[0] == ["wide", "s1", "s2"]
