@@ -9,8 +9,8 @@ and the reply goes back as JSON.
 
 Bytes have no JSON form: a bytes value under a key goes out as base64 text under the key
 with `_b64` appended (`data` -> `data_b64`), and bytes in a list as `{"_b64": TEXT}`. In a
-request the same suffix on a top-level field gives bytes (`spec_b64`: the spec's YAML as
-base64), for text that is not UTF-8. All pure functions: no I/O, no state.
+request the same suffix on a field of the request (or of an item of its list, a
+`job.submit_many` job) gives bytes: `spec_b64` is the spec's YAML as base64. All pure functions: no I/O, no state.
 """
 
 from __future__ import annotations
@@ -73,7 +73,14 @@ def parse(data: bytes) -> dict[str, Any]:
         raise WireError("", f"not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise WireError("", "a JSON request must be an object ({...})")
-    return _unbase64(obj)
+    out = _unbase64(obj, "")
+    for key, value in out.items():  # the items of a batch are requests too
+        if isinstance(value, list):
+            out[key] = [
+                _unbase64(v, f"{key}[{i}].") if isinstance(v, dict) else v
+                for i, v in enumerate(value)
+            ]
+    return out
 
 
 class _Refused(ValueError):
@@ -103,20 +110,22 @@ def _int(text: str) -> int:
     return int(text)
 
 
-def _unbase64(obj: dict[str, Any]) -> dict[str, Any]:
+def _unbase64(obj: dict[str, Any], path: str) -> dict[str, Any]:
+    """A request object's own `*_b64` fields as bytes (not those inside a spec given as an
+    object: an env variable may be called `X_b64`)."""
     out = dict(obj)
     for key, value in obj.items():
         if not key.endswith(B64) or len(key) == len(B64):
             continue
         name = key[: -len(B64)]
         if name in obj:
-            raise WireError(key, f"give {name} or {key}, not both")
+            raise WireError(path + key, f"give {name} or {key}, not both")
         if not isinstance(value, str):
-            raise WireError(key, "expected base64 text")
+            raise WireError(path + key, "expected base64 text")
         try:
             out[name] = base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
-            raise WireError(key, "not valid base64 text") from None
+            raise WireError(path + key, "not valid base64 text") from None
         del out[key]
     return out
 
