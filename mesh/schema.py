@@ -59,7 +59,6 @@ __all__ = [
     "ErrorCode",
     "ApiError",
     "SubmitRequest",
-    "SubmitManyRequest",
     "MAX_SPEC_BYTES",
     "MAX_REQUEST",
     "JobRef",
