@@ -160,3 +160,23 @@ async def test_bad_json_gets_clear_json_errors(region):
         assert reply["ok"] is False, body
         assert reply["error"]["code"] == "BAD_REQUEST", reply
         assert words in reply["error"]["message"], (words, reply["error"]["message"])
+
+
+async def test_a_follower_forwards_a_json_write_and_answers_in_json(region):
+    """A write that reaches a follower goes to the leader as msgpack; the reply comes back
+    to the client in JSON either way."""
+    await region.coordinator("c1")
+    await region.ready(0)
+    follower = await region.coordinator("c2")
+
+    def follower_submits() -> int:
+        stats = follower.api.service.stats()
+        return next(e.num_requests for e in stats.endpoints if e.name == "job_submit")
+
+    for i in range(40):  # the micro service's queue group spreads requests over both
+        sub = await ask(region.nc, "job.submit", {"client_id": f"f{i}", "spec": LONG})
+        assert sub["ok"] is True and sub["duplicate"] is False, sub
+        if follower_submits() >= 3:
+            break
+    assert follower_submits() >= 3
+    assert follower.leader is None  # it did not answer them itself
