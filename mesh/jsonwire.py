@@ -10,7 +10,8 @@ and the reply goes back as JSON.
 Bytes have no JSON form: a bytes value under a key goes out as base64 text under the key
 with `_b64` appended (`data` -> `data_b64`), and bytes in a list as `{"_b64": TEXT}`. In a
 request the same suffix on a field of the request (or of an item of its list, a
-`job.submit_many` job) gives bytes: `spec_b64` is the spec's YAML as base64. All pure functions: no I/O, no state.
+`job.submit_many` job) gives bytes: `spec_b64` is the spec's YAML as base64.
+All pure functions: no I/O, no state.
 """
 
 from __future__ import annotations
