@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import random
 import tempfile
@@ -776,7 +777,9 @@ class ApiFuzzer:
         from mesh.codec import unpack
 
         msg = await self.nc.request(f"{self.prefix}.{endpoint}", data, timeout=self.timeout)
-        reply = unpack(msg.data)
+        # A request that looks like JSON (first byte `{` after white space) is answered
+        # in JSON (mesh.jsonwire); random bytes can start so.
+        reply = json.loads(msg.data) if msg.data[:1] == b"{" else unpack(msg.data)
         if not isinstance(reply, dict):
             raise TypeError(f"reply is {type(reply).__name__}, not a map")
         return reply

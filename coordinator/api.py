@@ -28,9 +28,11 @@ from coordinator.pools import parse_pool_tree
 from coordinator.pools.default import job_pool, with_default_pool
 from coordinator.pools.tree import load_pool_source
 from coordinator.views import job_detail, node_summary
-from mesh import subjects
-from mesh.codec import WireError, decode, encode
+from mesh import jsonwire, subjects
+from mesh.codec import WireError, decode, encode, pack
 from mesh.schema import (
+    MAX_REQUEST,
+    MAX_SPEC_BYTES,
     ApiError,
     ErrorCode,
     JobKillRequested,
@@ -57,7 +59,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mesh.api")
 
-MAX_REQUEST = 1024 * 1024
 MAX_CONCURRENT = 1024  # requests being answered at once by one candidate
 FORWARD_TIMEOUT_S = 5.0
 ENDPOINTS = (
@@ -82,7 +83,8 @@ class Api:
         self.coord = coord
         self.service: nats.micro.Service | None = None
         self._leader_subs: list[Any] = []
-        self._inflight: dict[str, asyncio.Future[str]] = {}
+        # client id -> the job it is making and that job's spec, until it is logged
+        self._inflight: dict[str, tuple[asyncio.Future[str], Any]] = {}
         self._requests: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_CONCURRENT)
         self.handlers: dict[str, Callable[[bytes], Awaitable[bytes]]] = {
@@ -151,7 +153,7 @@ class Api:
     def _micro_handler(self, endpoint: str):
         async def handle(req: nats.micro.Request) -> None:
             async def answer() -> None:
-                await req.respond(await self.call(endpoint, req.data, forward=True))
+                await req.respond(await self.call(endpoint, req.data, True, req.headers))
 
             await self._spawn(answer())
 
@@ -183,14 +185,35 @@ class Api:
 
         task.add_done_callback(done)
 
-    async def call(self, endpoint: str, data: bytes, forward: bool) -> bytes:
-        """Answer one request; never raises."""
+    async def call(
+        self, endpoint: str, data: bytes, forward: bool, headers: dict[str, str] | None = None
+    ) -> bytes:
+        """Answer one request, in the form it came in (msgpack, or JSON: see
+        mesh.jsonwire); never raises. A JSON request is answered as the msgpack one it
+        stands for, so one decoder checks both and a follower forwards msgpack."""
+        if not jsonwire.is_json(data, headers):
+            return await self._call(endpoint, data, forward, as_json=False)
+        reply = await self._call(endpoint, data, forward, as_json=True)
+        try:
+            return jsonwire.from_msgpack(reply)
+        except Exception:
+            log.exception("api %s: reply not writable as JSON", endpoint)
+            return jsonwire.from_msgpack(
+                error_reply(ErrorCode.INTERNAL, "the reply could not be written as JSON")
+            )
+
+    async def _call(self, endpoint: str, data: bytes, forward: bool, as_json: bool) -> bytes:
         try:
             if len(data) > MAX_REQUEST:
                 raise ApiError(
                     ErrorCode.TOO_LARGE,
                     f"request of {len(data)} bytes exceeds the {MAX_REQUEST}-byte limit",
                 )
+            if as_json:
+                try:
+                    data = jsonwire.to_msgpack(data)
+                except WireError as exc:
+                    raise ApiError(ErrorCode.BAD_REQUEST, _request_problem(exc)) from None
             if self.coord.leader is None and forward:
                 forwarded = await self._forward(endpoint, data)
                 if forwarded is not None:
@@ -207,7 +230,14 @@ class Api:
             return error_reply(exc.code, exc.message)
         except Exception as exc:
             log.exception("api %s failed", endpoint)
-            return error_reply(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            # What failed is in the coordinator's log; the reply says where, in words
+            # (an exception's class name or empty text tells a client nothing).
+            detail = f": {exc}" if str(exc).strip() else ""
+            return error_reply(
+                ErrorCode.INTERNAL,
+                f"internal error answering {endpoint}{detail} (the coordinator's log has "
+                "the details)",
+            )
 
     async def _forward(self, endpoint: str, data: bytes) -> bytes | None:
         try:
@@ -227,7 +257,7 @@ class Api:
     async def job_submit(self, data: bytes) -> bytes:
         req = _decode(SubmitRequest, data)
         spec = self._checked_spec(req)
-        existing = await self._existing(req.client_id)
+        existing = await self._existing(req.client_id, spec)
         if existing is not None:
             return ok(job_id=existing, duplicate=True)
         warning = self._fit_warning(spec)
@@ -250,7 +280,7 @@ class Api:
                         f"client_id: repeats item {seen[item.client_id]} of this request",
                     )
                 seen[item.client_id] = i
-                existing = await self._existing(item.client_id)
+                existing = await self._existing(item.client_id, spec)
             except ApiError as exc:
                 results[i] = {"error": {"code": str(exc.code), "message": exc.message}}
                 continue
@@ -277,6 +307,13 @@ class Api:
                 ErrorCode.BAD_REQUEST,
                 "client_id: required (a unique id per submit, reused on retry)",
             )
+        size = _spec_size(req.spec)
+        if size > MAX_SPEC_BYTES:
+            raise ApiError(
+                ErrorCode.TOO_LARGE,
+                f"spec of {size} bytes is over the limit of {MAX_SPEC_BYTES} bytes "
+                f"({MAX_SPEC_BYTES // 1024} KiB) for one job spec",
+            )
         try:
             spec = parse_job_spec(req.spec if req.spec is not None else "")
         except SpecError as exc:
@@ -293,21 +330,37 @@ class Api:
             )
         return spec
 
-    async def _existing(self, client_id: str) -> str | None:
-        """The job a client id already made (or is making), so a retry makes no second."""
-        existing = self.coord.state.by_client.get(client_id)
-        if existing is None and client_id in self._inflight:
-            existing = await asyncio.shield(self._inflight[client_id])
-        return existing
+    async def _existing(self, client_id: str, spec: Any) -> str | None:
+        """The job a client id already made (or is making), so a retry makes no second;
+        CONFLICT if that job's spec is another one (as an idempotency key reused for
+        another request is refused elsewhere). A spec's identity is its parsed form: the
+        fold keeps every job's (re-parsed from the log's `to_dict`, which parses back
+        equal), so the same spec written with other spacing, order or quantities
+        (`1000m`, `1`) is the same spec, and no hash needs to be logged."""
+        job_id = self.coord.state.by_client.get(client_id)
+        if job_id is not None:
+            theirs = self.coord.state.jobs[job_id].spec
+        elif client_id in self._inflight:
+            fut, theirs = self._inflight[client_id]
+            job_id = await asyncio.shield(fut)
+        else:
+            return None
+        if theirs != spec:
+            raise ApiError(
+                ErrorCode.CONFLICT,
+                f"client id {client_id} was used for job {job_id} with a different spec; "
+                "a new job needs a new client id",
+            )
+        return job_id
 
     async def _submit(self, items: list[tuple[str, Any]]) -> list[str]:
         leader = self._leader()
         loop = asyncio.get_running_loop()
         job_ids = [f"{spec.name}-{secrets.token_hex(4)}" for _, spec in items]
         futs: list[asyncio.Future[str]] = []
-        for cid, _ in items:
+        for cid, spec in items:
             fut: asyncio.Future[str] = loop.create_future()
-            self._inflight[cid] = fut
+            self._inflight[cid] = (fut, spec)
             futs.append(fut)
         now = time.time()
         state = self.coord.state
@@ -500,4 +553,24 @@ def _decode(cls: type, data: bytes) -> Any:
     try:
         return decode(cls, data, max_size=MAX_REQUEST)
     except WireError as exc:
-        raise ApiError(ErrorCode.BAD_REQUEST, f"invalid {cls.__name__}: {exc}") from None
+        raise ApiError(ErrorCode.BAD_REQUEST, _request_problem(exc)) from None
+
+
+def _request_problem(exc: WireError) -> str:
+    """A refused request's message: where (the field) and what, in words; never a
+    class name (the codec's and the JSON reader's messages are written for people)."""
+    if not exc.field:
+        return f"request: {exc.problem}"
+    return f"request field {exc.field}: {exc.problem}"
+
+
+def _spec_size(spec: Any) -> int:
+    """A spec's size as the limit counts it: its text's UTF-8 bytes, or a mapping's
+    msgpack encoding (how it came, or how its JSON form is sent on)."""
+    if isinstance(spec, str):
+        return len(spec.encode("utf-8", "surrogatepass"))
+    if isinstance(spec, bytes | bytearray):
+        return len(spec)
+    if spec is None:
+        return 0
+    return len(pack(spec))

@@ -18,6 +18,8 @@ from nats.errors import TimeoutError as NatsTimeout
 from mesh import subjects
 from mesh.codec import WireError, encode, unpack
 from mesh.schema import (
+    MAX_BATCH,
+    MAX_REQUEST,
     ApiError,
     ErrorCode,
     JobListRequest,
@@ -44,8 +46,32 @@ class MeshClient:
         data = encode(payload if payload is not None else {})
         return await self.request_raw(endpoint, data, retries=retries)
 
+    def max_request(self) -> int:
+        """The largest request this connection can send: the API's limit, or the
+        server's max_payload where that is less (NATS's default is 1 MiB)."""
+        server = getattr(self.nc, "max_payload", 0) or MAX_REQUEST
+        return min(MAX_REQUEST, server)
+
+    def _check_size(self, data: bytes) -> None:
+        """Refuse a request that cannot arrive, saying which limit (nats-py raises a
+        bare `MaxPayloadError` for the server's, after encoding it all)."""
+        server = getattr(self.nc, "max_payload", 0) or MAX_REQUEST
+        if len(data) > MAX_REQUEST:
+            raise ApiError(
+                ErrorCode.TOO_LARGE,
+                f"request of {len(data)} bytes is over the API's limit of {MAX_REQUEST} bytes",
+            )
+        if len(data) > server:
+            raise ApiError(
+                ErrorCode.TOO_LARGE,
+                f"request of {len(data)} bytes is over this NATS server's max_payload of "
+                f"{server} bytes (raise max_payload in its config to {MAX_REQUEST}; the "
+                "configs Mesh writes allow 8 MiB)",
+            )
+
     async def request_raw(self, endpoint: str, data: bytes, *, retries: int = 0) -> dict:
         subject = subjects.api(self.region, endpoint)
+        self._check_size(data)
         for attempt in range(retries + 1):
             try:
                 msg = await self.nc.request(subject, data, timeout=self.timeout)
@@ -88,10 +114,25 @@ class MeshClient:
         cids = client_ids or [uuid.uuid4().hex for _ in specs]
         if len(cids) != len(specs):
             raise ValueError("one client id per spec")
-        req = SubmitManyRequest(
-            tuple(SubmitRequest(c, s) for c, s in zip(cids, specs, strict=True))
+        items = [SubmitRequest(c, s) for c, s in zip(cids, specs, strict=True)]
+        return await self._submit_many(items, retries)
+
+    async def _submit_many(self, items: list[SubmitRequest], retries: int) -> list[dict]:
+        """Send `items` in as few requests as the limits allow (MAX_BATCH jobs, and
+        `max_request` bytes: a thousand 2 KB specs are more than NATS's default 1 MiB),
+        halving a batch that is too large. A spec too large alone fails alone."""
+        if not items:
+            return []
+        data = encode(SubmitManyRequest(tuple(items)))
+        if len(items) <= MAX_BATCH and len(data) <= self.max_request():
+            return (await self.request_raw("job.submit_many", data, retries=retries))["results"]
+        if len(items) == 1:
+            message = f"request of {len(data)} bytes is over the limit of {self.max_request()}"
+            return [{"error": {"code": str(ErrorCode.TOO_LARGE), "message": message}}]
+        half = min(len(items) // 2, MAX_BATCH)
+        return await self._submit_many(items[:half], retries) + await self._submit_many(
+            items[half:], retries
         )
-        return (await self.request("job.submit_many", req, retries=retries))["results"]
 
     async def job(self, job_id: str) -> dict:
         return (await self.request("job.get", JobRef(job_id), retries=5))["job"]

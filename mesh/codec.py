@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -134,7 +135,44 @@ def unpack(data: bytes, max_size: int = MAX_MESSAGE) -> Any:
             max_ext_len=0,
         )
     except Exception as exc:  # msgpack raises several unrelated types on bad input
-        raise WireError("", f"not valid msgpack: {type(exc).__name__}: {exc}") from None
+        raise WireError("", f"not valid msgpack: {msgpack_problem(exc, data)}") from None
+
+
+_TOO_LONG = re.compile(r"(\d+) exceeds max_(str|bin|array|map|ext)_len\((\d+)\)")
+_WHAT = {
+    "str": "a string",
+    "bin": "a byte string",
+    "array": "a list",
+    "map": "a map",
+    "ext": "an extension value",
+}
+
+
+def msgpack_problem(exc: Exception, data: bytes) -> str:
+    """What is wrong with bytes msgpack refused, said for a person: msgpack's own errors
+    are exception class names with an empty text (`StackError`, `FormatError`) or its
+    internals (`unpack(b) received extra data.`), and they went back in API replies."""
+    if isinstance(exc, msgpack.ExtraData):
+        return "extra bytes after the first value (send exactly one map)"
+    if isinstance(exc, msgpack.StackError):
+        return "nested too deeply"
+    if isinstance(exc, msgpack.FormatError):
+        return "a byte that starts no msgpack value (0xc1, or a reserved type)"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"a string that is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x})"
+    if isinstance(exc, TypeError):  # a list or map as a map key: unhashable
+        return "a map key that is a list or a map (keys must be strings or numbers)"
+    m = _TOO_LONG.search(str(exc))
+    if m is not None:
+        size, kind, limit = m.groups()
+        if kind == "ext":
+            return "an extension value (msgpack ext types are not used here)"
+        return f"{_WHAT[kind]} of {size} items or bytes, over the limit of {limit}"
+    if not data:
+        return "the message is empty"
+    if "incomplete input" in str(exc) or isinstance(exc, msgpack.OutOfData):
+        return "the message ends in the middle of a value (truncated?)"
+    return "the bytes do not decode as msgpack"
 
 
 def encode(msg: Any) -> bytes:
@@ -187,7 +225,7 @@ def _build(tp: Any, meta: dict) -> Converter:
     if tp in _custom:
         return _custom[tp]
     if tp is Any:
-        return _any
+        return _any_text(meta["max_len"]) if meta.get("max_len") else _any
     if tp is bool:
         return _check_bool
     if tp is int:
@@ -213,7 +251,7 @@ def _build(tp: Any, meta: dict) -> Converter:
 
 def _check_bool(x: Any, path: str) -> bool:
     if not isinstance(x, bool):
-        raise WireError(path, f"expected a boolean, got {type(x).__name__}")
+        raise WireError(path, f"expected a boolean, got {kind(x)}")
     return x
 
 
@@ -227,7 +265,7 @@ def _int_conv(meta: dict) -> Converter:
 
     def conv(x: Any, path: str) -> int:
         if not isinstance(x, int) or isinstance(x, bool):
-            raise WireError(path, f"expected an integer, got {type(x).__name__}")
+            raise WireError(path, f"expected an integer, got {kind(x)}")
         if not lo <= x <= hi:
             raise WireError(path, f"{x} is out of range [{lo}, {hi}]")
         return x
@@ -241,7 +279,7 @@ def _float_conv(meta: dict) -> Converter:
 
     def conv(x: Any, path: str) -> float:
         if not isinstance(x, (int, float)) or isinstance(x, bool):
-            raise WireError(path, f"expected a number, got {type(x).__name__}")
+            raise WireError(path, f"expected a number, got {kind(x)}")
         x = float(x)
         if not math.isfinite(x):
             raise WireError(path, "expected a finite number")
@@ -262,7 +300,7 @@ def _str_conv(meta: dict) -> Converter:
 
     def conv(x: Any, path: str) -> str:
         if not isinstance(x, str):
-            raise WireError(path, f"expected a string, got {type(x).__name__}")
+            raise WireError(path, f"expected a string, got {kind(x)}")
         if len(x) > max_len:
             raise WireError(path, f"string of {len(x)} characters exceeds the limit of {max_len}")
         if choices is not None and x not in choices:
@@ -281,13 +319,34 @@ def _bytes_conv(meta: dict) -> Converter:
 
     def conv(x: Any, path: str) -> bytes:
         if not isinstance(x, bytes):
-            raise WireError(path, f"expected bytes, got {type(x).__name__}")
+            raise WireError(path, f"expected bytes, got {kind(x)}")
         if len(x) > max_len:
             raise WireError(path, f"{len(x)} bytes exceed the limit of {max_len}")
         return x
 
     conv.ok = lambda x: type(x) is bytes and len(x) <= max_len  # type: ignore[attr-defined]
     return conv
+
+
+_KINDS = {
+    type(None): "nil",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    bytes: "bytes",
+    list: "a list",
+    tuple: "a list",
+    dict: "a map",
+}
+
+
+def kind(x: Any) -> str:
+    """A received value's type as the wire calls it (an error message goes back to
+    clients in any language, so never a Python type name such as `NoneType`)."""
+    return _KINDS.get(type(x)) or next(
+        (name for t, name in _KINDS.items() if isinstance(x, t)), "a value of another kind"
+    )
 
 
 def _sub(path: str, key: Any) -> str:
@@ -301,7 +360,7 @@ def _show(x: Any) -> str:
     """A received value as an error message shows it: short, whatever was sent (the repr of
     a nested list from a 1 MiB message is megabytes, and it goes back in the reply)."""
     if isinstance(x, (list, tuple, dict)):
-        return f"a {type(x).__name__} of {len(x)} items"
+        return f"{kind(x)} of {len(x)} items"
     text = repr(x[:61] if isinstance(x, (str, bytes)) else x)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -327,7 +386,7 @@ def _tuple_conv(args: tuple, meta: dict) -> Converter:
 
         def conv(x: Any, path: str) -> tuple:
             if not isinstance(x, (list, tuple)):
-                raise WireError(path, f"expected a list, got {type(x).__name__}")
+                raise WireError(path, f"expected a list, got {kind(x)}")
             if len(x) > max_len:
                 raise WireError(path, f"list of {len(x)} items exceeds the limit of {max_len}")
             if ok is not None and all(map(ok, x)):
@@ -354,7 +413,7 @@ def _dict_conv(args: tuple, meta: dict) -> Converter:
 
     def conv(x: Any, path: str) -> dict:
         if not isinstance(x, dict):
-            raise WireError(path, f"expected a map, got {type(x).__name__}")
+            raise WireError(path, f"expected a map, got {kind(x)}")
         if len(x) > max_len:
             raise WireError(path, f"map of {len(x)} entries exceeds the limit of {max_len}")
         if key_ok is not None and val_ok is not None:
@@ -391,7 +450,7 @@ def _union_conv(args: tuple, meta: dict) -> Converter:
         if x is None and nullable:
             return None
         if not isinstance(x, dict):
-            raise WireError(path, f"expected a map, got {type(x).__name__}")
+            raise WireError(path, f"expected a map, got {kind(x)}")
         tag = x.get("_t")
         if not isinstance(tag, str) or tag not in by_tag:
             raise WireError(path, f"unknown message type {_show(tag)}")
@@ -433,7 +492,7 @@ def _dataclass_conv(cls: type) -> Converter:
 
     def conv(x: Any, path: str) -> Any:
         if not isinstance(x, dict):
-            raise WireError(path, f"expected a map for {cls.__name__}, got {type(x).__name__}")
+            raise WireError(path, f"expected a map, got {kind(x)}")
         kwargs = {}
         for name, has_default, _, _ in fields:
             if name in x:
@@ -529,10 +588,27 @@ def _any(x: Any, path: str, depth: int = 0) -> Any:
         out = {}
         for k, v in x.items():
             if not isinstance(k, str):
-                raise WireError(path, f"map keys must be strings, got {type(k).__name__}")
+                raise WireError(path, f"map keys must be strings, got {kind(k)}")
             out[k] = _any(v, _sub(path, k), depth + 1)
         return out
-    raise WireError(path, f"unsupported value of type {type(x).__name__}")
+    raise WireError(path, f"unsupported value: {kind(x)}")
+
+
+def _any_text(max_len: int) -> Converter:
+    """Free-form data that may also be one text (`wf(max_len=...)` on an `Any` field): a
+    job spec or pool tree sent as YAML, whose length is its own limit's to judge, not
+    MAX_STR's (a valid 100 KB spec was refused by the 64 KiB cap on a string). Anything
+    else is checked as `_any` checks it."""
+
+    def conv(x: Any, path: str) -> Any:
+        if type(x) is str or type(x) is bytes:
+            if len(x) > max_len:
+                raise WireError(path, f"{len(x)} characters or bytes exceed the limit of {max_len}")
+            return x
+        return _any(x, path)
+
+    conv.ok = lambda x: (type(x) in (str, bytes) and len(x) <= max_len) or _any_ok(x)  # type: ignore[attr-defined]
+    return conv
 
 
 def _any_ok(x: Any, depth: int = 0) -> bool:

@@ -25,7 +25,7 @@ from mesh.codec import (
 from workloads.lifecycle import TaskState
 from workloads.quantity import SpecError
 from workloads.resources import Resources
-from workloads.spec import SimulatedRun
+from workloads.spec import MAX_SOURCE_BYTES, SimulatedRun
 
 __all__ = [
     "WireError",
@@ -59,6 +59,8 @@ __all__ = [
     "ErrorCode",
     "ApiError",
     "SubmitRequest",
+    "MAX_SPEC_BYTES",
+    "MAX_REQUEST",
     "JobRef",
     "JobListRequest",
     "KillRequest",
@@ -385,10 +387,23 @@ def error_reply(code: ErrorCode, message: str) -> bytes:
     return encode({"ok": False, "error": {"code": str(code), "message": message}})
 
 
+# The size limits of the request API, each defined here once; docs/api.md states them
+# and a doc test holds it to these values.
+MAX_SPEC_BYTES = MAX_SOURCE_BYTES  # one job spec: YAML text, or a mapping as msgpack
+# One request: the largest spec with room for its envelope, and for the escapes a JSON
+# string adds to YAML text (a newline is two bytes there). Past it: TOO_LARGE. Mesh's
+# nats-server configs allow 8 MiB messages; NATS's own default (1 MiB) is less, and the
+# client says so before it sends (mesh.client).
+MAX_REQUEST = 2 * MAX_SPEC_BYTES
+
+
 @dataclass(frozen=True, slots=True)
 class SubmitRequest:
     client_id: str = wf(max_len=ID)
-    spec: Any = None  # YAML text or a mapping; validated by workloads.parse_job_spec
+    # YAML text (str or UTF-8 bytes) or a mapping; validated by workloads.parse_job_spec.
+    # The text is capped only by the request here: the API refuses one over MAX_SPEC_BYTES
+    # as TOO_LARGE, naming the limit (MAX_STR's 64 KiB refused valid specs).
+    spec: Any = wf(None, max_len=MAX_REQUEST)
     v: int = 1
 
 
@@ -442,7 +457,7 @@ class LogsRequest:
 
 @dataclass(frozen=True, slots=True)
 class PoolApplyRequest:
-    source: Any = None  # YAML text or a mapping; validated by parse_pool_tree
+    source: Any = wf(None, max_len=MAX_REQUEST)  # YAML text or a mapping; parse_pool_tree
     v: int = 1
 
 

@@ -381,7 +381,15 @@ _UNREADABLE = (ValueError, OverflowError, TypeError, AttributeError, LookupError
 
 
 def _unreadable(err: Exception) -> str:
-    return f"a value could not be read ({type(err).__name__}: {str(err)[:200]})"
+    """What PyYAML could not convert, in words: its errors here are Python's own, and
+    their class names (`ValueError: ...`, `TypeError: cannot unpack non-iterable
+    MappingNode object`) went back to API clients, who cannot act on them."""
+    text = str(err)
+    if "digits" in text and "integer" in text:
+        return "a value could not be read: an integer of more than 4300 digits"
+    if isinstance(err, ValueError | OverflowError) and text:  # a date with month 13
+        return f"a value could not be read: {text[:200]}"
+    return "a value could not be read: it does not fit its tag or type (e.g. `!!timestamp 1`)"
 
 
 def _too_big(what: str, size: int, limit: int, name: str) -> str:

@@ -13,6 +13,8 @@ the assignment stream is limited to the API calls of its own durable consumer:
   `CONSUMER.DURABLE.CREATE...`) are not granted.
 
 Replies come back on the identity's own inbox prefix (see `mesh.security.identity`).
+A user may also send the NATS micro discovery requests (`$SRV.PING`, `$SRV.INFO`,
+`$SRV.STATS`, with or without a service name and id), and nothing else under `$SRV`.
 
 Inference (docs/inference_deploy.md): a `router` takes client requests and sends batches
 to workers; a `worker` (the identity an agent hands to the inference tasks it runs)
@@ -42,6 +44,12 @@ JS_API = "$JS.API"
 JS_ACK = "$JS.ACK"
 JS_FLOW_CONTROL = "$JS.FC.>"
 SERVICE_DISCOVERY = "$SRV.>"  # nats micro: PING/INFO/STATS
+# What a discovery request is sent to: `$SRV.<verb>`, `$SRV.<verb>.<service>` and
+# `$SRV.<verb>.<service>.<id>` (nats micro's control subjects), for the three verbs only.
+DISCOVERY_VERBS = ("PING", "INFO", "STATS")
+DISCOVERY_REQUESTS = tuple(
+    s for verb in DISCOVERY_VERBS for s in (f"$SRV.{verb}", f"$SRV.{verb}.>")
+)
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,9 @@ def permissions(region: str, identity: Identity, *, fleet_nodes: Sequence[str] =
                 _all_under(subjects.api(r, "x")),
                 _any_last(subjects.task_logs(r, "x")),  # `mesh job logs` asks the agent
                 _any_last(subjects.infer(r, "x")),  # inference requests to the router
+                # Service discovery (`nats micro ls`, `$SRV.PING/INFO/STATS`): the
+                # answers come to the user's inbox like the API's.
+                *DISCOVERY_REQUESTS,
             ),
             subscribe=(inbox,),
         )

@@ -18,12 +18,30 @@ from coordinator.pools.tree import MAX_DESCRIPTION
 from mesh import subjects
 from mesh.codec import encode
 from mesh.schema import MAX_BATCH, NodeState, TaskEvent, TaskEventBatch
+from tests.wording import assert_readable
 from workloads.spec import MAX_YAML_NODES
 
 from .conftest import eventually
 
 REGION = "default"
 CASES = 330  # 30 per endpoint
+
+
+class WordedFuzzer(fuzz.ApiFuzzer):
+    """The bench's fuzzer, keeping every error message it was sent back."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.messages: list[str] = []
+
+    async def request(self, endpoint: str, data: bytes) -> dict:
+        reply = await super().request(endpoint, data)
+        if not reply.get("ok"):
+            self.messages.append((reply.get("error") or {}).get("message"))
+        for item in reply.get("results") or ():  # job.submit_many: per item
+            if isinstance(item, dict) and "error" in item:
+                self.messages.append(item["error"].get("message"))
+        return reply
 
 
 async def _log_seq(region) -> int:
@@ -35,10 +53,14 @@ async def test_hostile_requests_get_clear_errors_and_change_nothing(region):
     coord = await region.coordinator()
     await region.ready(0)
     assert set(fuzz.API_TARGETS) == set(ENDPOINTS)
-    fz = fuzz.ApiFuzzer(region.nc, REGION, random.Random(20261130))
+    fz = WordedFuzzer(region.nc, REGION, random.Random(20261130))
     term, seq0 = coord.state.term, await _log_seq(region)
 
     await fz.run(CASES, check_every=30)
+    # every refusal says what is wrong in words: never empty, never a class name
+    assert len(fz.messages) > CASES // 2
+    for message in fz.messages:
+        assert_readable(message)
 
     assert fz.tally.crashes == [], fz.tally.crashes[:5]
     assert fz.liveness_failures == 0
@@ -65,7 +87,7 @@ def _submit(spec, client_id: str = "cid") -> bytes:
 async def test_each_limit_has_its_code(region):
     coord = await region.coordinator()
     await region.ready(0)
-    fz = fuzz.ApiFuzzer(region.nc, REGION, random.Random(1))
+    fz = WordedFuzzer(region.nc, REGION, random.Random(1))
     seq0, term = await _log_seq(region), coord.state.term
     bomb_pools = "pools:\n  /a: {description: &d " + "d" * MAX_DESCRIPTION + "}\n"
     bomb_pools += "".join(f"  /b{i}: {{description: *d}}\n" for i in range(4000))
@@ -74,6 +96,18 @@ async def test_each_limit_has_its_code(region):
         ("job.submit", b"\x80" * (MAX_REQUEST + 1), "TOO_LARGE", "exceeds"),
         ("pool.apply", b"\x80" * (MAX_REQUEST + 1), "TOO_LARGE", "exceeds"),
         ("job.submit", b"\xc1", "BAD_REQUEST", "not valid msgpack"),
+        # msgpack's own texts were `ExtraData: unpack(b) received extra data.` and an
+        # empty `StackError:`; each reads as what is wrong now
+        ("job.get", b"\x80\x80", "BAD_REQUEST", "extra bytes after the first value"),
+        ("job.get", b"\x91" * 5000, "BAD_REQUEST", "nested too deeply"),
+        ("job.get", b"\x81\xa6job_id", "BAD_REQUEST", "ends in the middle of a value"),
+        ("job.get", b"\x81\xa6job_id\xa2\xff\xfe", "BAD_REQUEST", "not valid UTF-8"),
+        ("job.get", b"\x81\x91\x01\x01", "BAD_REQUEST", "a map key that is a list"),
+        ("job.get", b"", "BAD_REQUEST", "the message is empty"),
+        ("job.get", b"\x05", "BAD_REQUEST", "request: expected a map, got an integer"),
+        ("job.get", msgpack.packb({"job_id": None}), "BAD_REQUEST", "got nil"),
+        ("job.get", b'{"job_id": ', "BAD_REQUEST", "not valid JSON"),
+        ("job.get", b"[1]", "BAD_REQUEST", "not valid msgpack"),
         ("job.get", fuzz._nested_bytes(100_000), "BAD_REQUEST", "msgpack"),
         ("job.submit", _submit(fuzz._nested(random.Random(0), 40)), "BAD_REQUEST", "nested"),
         (
@@ -83,8 +117,9 @@ async def test_each_limit_has_its_code(region):
             f"limit of {MAX_BATCH}",
         ),
         ("job.submit", _submit("[" * 5000), "INVALID_SPEC", "nesting"),
-        # a str spec is capped at 64 KiB by the codec (MAX_STR); bytes go up to MAX_REQUEST
-        ("job.submit", _submit(wide), "BAD_REQUEST", "exceeds the limit of 65536"),
+        # a str spec is not capped at 64 KiB by the codec (MAX_STR) any more: the spec's
+        # own limits judge it, as they judge bytes
+        ("job.submit", _submit(wide), "INVALID_SPEC", "MAX_YAML_NODES"),
         ("job.submit", _submit(wide.encode()), "INVALID_SPEC", "MAX_YAML_NODES"),
         ("job.submit", _submit(fuzz._BOMB_SLOTS_SPEC[1].format(b=fuzz._BOMB)), "INVALID_SPEC", ""),
         ("job.submit", _submit("name: x\npriority: " + "1" * 5000), "INVALID_SPEC", "YAML"),
@@ -135,6 +170,7 @@ async def test_each_limit_has_its_code(region):
             assert err["code"] in ("BAD_REQUEST", "INVALID_SPEC", "TOO_LARGE"), err
         assert words in err["message"], (words, err["message"][:200])
         assert len(err["message"]) < 2000
+        assert_readable(err["message"])
         assert await fz.alive()
     assert await _log_seq(region) == seq0
     assert coord.state.term == term  # no request held the event loop past the lease

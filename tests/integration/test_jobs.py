@@ -9,7 +9,7 @@ import pytest
 
 from agent.hollow import GiB, Inventory
 from mesh.codec import encode
-from mesh.schema import ApiError, ErrorCode, SubmitRequest
+from mesh.schema import MAX_REQUEST, ApiError, ErrorCode, SubmitRequest
 
 from .conftest import eventually
 
@@ -130,7 +130,7 @@ async def test_bad_requests_get_clear_errors_and_change_nothing(region):
             ErrorCode.BAD_REQUEST,
             "client_id",
         ),
-        (b"\x00" * (2 * 1024 * 1024), ErrorCode.TOO_LARGE, "limit"),
+        (b"\x00" * (MAX_REQUEST + 1), ErrorCode.TOO_LARGE, "limit"),
     ]
     for data, code, words in cases:
         with pytest.raises(ApiError) as err:

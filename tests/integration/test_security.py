@@ -400,3 +400,28 @@ def test_mesh_up_insecure_nats_cluster_of_three(tmp_path):
     finally:
         _down(proc)
     assert proc.returncode == 0
+
+
+async def test_a_user_discovers_the_api_service(secure_region, secure_server, certs):
+    """`$SRV.PING/INFO/STATS` (NATS micro discovery, `nats micro ls`) answer a user
+    identity in the secure default; the rest of `$SRV` stays closed to it."""
+    r = secure_region
+    await r.coordinator()
+    await eventually(r.client.cluster_info)
+    errors: list[str] = []
+    nc = await as_identity(secure_server, certs, USER, errors)
+    try:
+        ping = json.loads((await nc.request("$SRV.PING", b"", timeout=5)).data)
+        assert ping["type"] == "io.nats.micro.v1.ping_response" and ping["name"] == "mesh"
+        sid = ping["id"]
+        info = json.loads((await nc.request("$SRV.INFO.mesh", b"", timeout=5)).data)
+        assert info["type"] == "io.nats.micro.v1.info_response" and info["id"] == sid
+        assert subjects.api(R, "job.submit") in {e["subject"] for e in info["endpoints"]}
+        stats = json.loads((await nc.request(f"$SRV.STATS.mesh.{sid}", b"", timeout=5)).data)
+        assert stats["type"] == "io.nats.micro.v1.stats_response" and stats["id"] == sid
+        assert errors == []
+        await nc.publish("$SRV.OTHER", b"")
+        await nc.flush()
+        await denied(errors, "a user publishing elsewhere under $SRV")
+    finally:
+        await close_quietly(nc)

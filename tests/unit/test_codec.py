@@ -17,6 +17,7 @@ from mesh import codec
 from mesh.codec import MAX_DEPTH, MAX_MESSAGE, MAX_STR, WireError, to_wire
 from mesh.schema import (
     MAX_EVENT_BATCH,
+    MAX_REQUEST,
     Assignment,
     AssignmentBatch,
     ErrorCode,
@@ -820,7 +821,16 @@ def test_free_form_fast_check_keeps_only_what_the_full_check_gives_back_equal(va
 
 
 def test_free_form_string_and_list_sizes_are_capped():
-    reject(SubmitRequest, {"client_id": "c", "spec": "y" * (MAX_STR + 1)})
+    # inside free-form data, a string is capped at MAX_STR ...
+    reject(SubmitRequest, {"client_id": "c", "spec": {"name": "y" * (MAX_STR + 1)}})
+    reject(SubmitRequest, {"client_id": "c", "spec": ["y" * (MAX_STR + 1)]})
+    # ... but a spec sent as one YAML text only by the request (the API judges its size
+    # against MAX_SPEC_BYTES, with TOO_LARGE): a valid 100 KB spec was refused
+    text = "y" * (MAX_STR + 1)
+    assert decode(SubmitRequest, msgpack.packb({"client_id": "c", "spec": text})).spec == text
+    big = msgpack.packb({"client_id": "c", "spec": "y" * (MAX_REQUEST + 1)})
+    with pytest.raises(WireError, match="exceed the limit"):
+        decode(SubmitRequest, big, max_size=len(big))
     reject(SubmitRequest, {"client_id": "c", "spec": [0] * (codec.MAX_ITEMS + 1)})
     reject(
         SubmitRequest, {"client_id": "c", "spec": {f"k{i}": 0 for i in range(codec.MAX_ITEMS + 1)}}

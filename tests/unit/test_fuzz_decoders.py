@@ -21,13 +21,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench import fuzz
-from coordinator.api import MAX_REQUEST, Api
+from coordinator.api import MAX_REQUEST, Api, _request_problem
 from coordinator.pools import PoolConfigError, parse_pool_tree
 from coordinator.pools.tree import MAX_DESCRIPTION, MAX_POOLS
+from mesh import jsonwire
 from mesh.codec import MAX_DEPTH, MAX_MESSAGE, WireError, decode, encode, to_wire
 from mesh.schema import (
     MAX_BATCH,
     ErrorCode,
+    JobRef,
     SubmitManyRequest,
     SubmitRequest,
     TaskEvent,
@@ -38,6 +40,7 @@ from mesh.schema import (
 from mesh.schema import (
     NodeState as NodeStateMsg,
 )
+from tests.wording import assert_readable
 from workloads.quantity import SpecError
 from workloads.spec import (
     MAX_COMMAND_BYTES,
@@ -89,6 +92,9 @@ def decoded_or_wire_error(cls, data):
         out = decode(cls, data)
     except WireError as exc:
         assert len(str(exc)) < 1000
+        # what the API sends back for it: words, never empty, never a class name
+        assert_readable(str(exc))
+        assert_readable(_request_problem(exc))
         out = None
     assert out is None or type(out) is cls
     return out
@@ -192,6 +198,45 @@ def test_submit_many_batch_limit():
     )
     with pytest.raises(WireError, match=f"limit of {MAX_BATCH}"):
         decode(SubmitManyRequest, msgpack.packb({"jobs": [item] * (MAX_BATCH + 1)}))
+
+
+# msgpack's own errors were class names with an empty text or its internals; each case is
+# one kind it raises, with the words the reply says now
+MSGPACK_CASES = [
+    (b"\x80\x80", "not valid msgpack: extra bytes after the first value"),
+    (b"\xc1", "not valid msgpack: a byte that starts no msgpack value"),
+    (b"\x91" * 5000, "not valid msgpack: nested too deeply"),
+    (b"\x92\x01", "not valid msgpack: the message ends in the middle of a value"),
+    (b"", "not valid msgpack: the message is empty"),
+    (b"\xa2\xff\xfe", "not valid msgpack: a string that is not valid UTF-8 (byte 0xff)"),
+    (b"\x81\x91\x01\x01", "not valid msgpack: a map key that is a list or a map"),
+    (b"\xc7\x01\x05a", "not valid msgpack: an extension value"),
+    (b"\xdd\xff\xff\xff\xff", "not valid msgpack: a list of 4294967295 items or bytes, over"),
+    (b"\x05", "expected a map, got an integer"),
+    (msgpack.packb({"job_id": None}), "job_id: expected a string, got nil"),
+]
+
+
+@pytest.mark.parametrize("data, words", MSGPACK_CASES)
+def test_decode_errors_say_what_is_wrong_in_words(data, words):
+    with pytest.raises(WireError) as err:
+        decode(JobRef, data)
+    assert str(err.value).startswith(words), str(err.value)
+    assert_readable(str(err.value))
+    assert _request_problem(err.value).startswith("request")
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode)))
+def test_json_requests_decode_or_say_why_in_words(data):
+    """Anything the JSON reader is given, as a request that starts with `{` would be."""
+    for body in (data, b"{" + data, b'{"job_id": ' + data):
+        try:
+            packed = jsonwire.to_msgpack(body)
+        except WireError as exc:
+            assert_readable(str(exc))
+            continue
+        decoded_or_wire_error(JobRef, packed)
 
 
 # --------------------------------------------------------------------------- receive paths
@@ -302,6 +347,7 @@ def spec_error(parse, source, error=SpecError):
         out = parse(source)
     except error as exc:
         assert len(str(exc)) < 2000, str(exc)[:200]
+        assert_readable(str(exc))  # an INVALID_SPEC reply's message
         out = None
     return out
 

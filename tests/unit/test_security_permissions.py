@@ -94,6 +94,17 @@ def test_user_calls_the_api_only():
     assert not p.allow_responses
 
 
+def test_user_may_discover_services_and_nothing_else_under_srv():
+    p = permissions(R, Identity.user("alice"))
+    for verb in ("PING", "INFO", "STATS"):
+        for subject in (f"$SRV.{verb}", f"$SRV.{verb}.mesh", f"$SRV.{verb}.mesh.abc123"):
+            assert allowed(p.publish, subject), subject
+    for subject in ("$SRV.SCHEDULE", "$SRV.PINGX", "$SRV", "$SRVX.PING"):
+        assert not allowed(p.publish, subject), subject
+    # the answers come to its own inbox, as the API's do; it answers nothing itself
+    assert p.subscribe == ("_INBOX.user.alice.>",) and not p.allow_responses
+
+
 def test_coordinator():
     p = permissions(R, Identity.coordinator())
     for subject in (
