@@ -384,8 +384,10 @@ def _place_waiting(
 ) -> None:
     if not state.queue:
         return
+    barred = nodes.barred_reason()
     if not nodes.ready():
-        d.unplaced.update({job.job_id: "no ready nodes" for job in state.pending_jobs()})
+        why = f"no node to place on: {barred}" if barred else "no ready nodes"
+        d.unplaced.update({job.job_id: why for job in state.pending_jobs()})
         return
     snap = snapshot(nodes, state)
     capacity = Resources(*(int(x) for x in snap.cap_total))  # kept by the snapshot
@@ -432,6 +434,9 @@ def _place_waiting(
         if placed or covered >= rest:
             break
     state.memo["window_cursor"] = cursor
+    if barred:
+        # Those that wait might have fit there: say so, or the operator looks elsewhere.
+        d.unplaced.update({j: f"{why}; not placed on: {barred}" for j, why in d.unplaced.items()})
     for p in placed:
         t = state.tasks[p.task_id]
         d.events.append(TaskPlaced(t.job_id, p.task_id, t.attempt + 1, p.node_id, now, p.gpu_uuids))

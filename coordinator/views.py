@@ -51,4 +51,6 @@ def node_summary(view: NodeView, state: RegionState, now: float) -> dict:
         "tasks": len(state.node_tasks.get(s.node_id, ())),
         "heartbeat_age_s": round(max(0.0, now - view.last_seen), 3),
         "note": s.note,
+        "verify_key": s.verify_key,  # the key it verifies assignments with ("": none)
+        "barred": view.barred,  # why nothing is placed on it ("": nothing bars it)
     }
