@@ -474,7 +474,7 @@ class Leader:
         for ev in refusals:
             key = (ev.task_id, ev.attempt)
             t = self.state.tasks.get(ev.task_id)
-            placed_here = t is not None and t.node_id == ev.node_id
+            placed_here = t is not None and (t.node_id, t.attempt) == (ev.node_id, ev.attempt)
             log.warning(
                 "node %s refused %s#%d (%s) though this leader's run of it verifies there: "
                 "a forgery on its assignment subject, or an earlier leader's run; %s",
@@ -487,7 +487,7 @@ class Leader:
             if placed_here and key not in self._sent_again:
                 self._sent_again.add(key)
                 again.append(key)
-        due = [t for t in still_placed(self.state, again)]
+        due = still_placed(self.state, again)  # not once it runs: it did arrive
         if due:
             task = asyncio.create_task(self._publish_runs(due, again=True), name="leader-again")
             self._sending.add(task)
