@@ -379,27 +379,22 @@ class Agent:
             assignment=b"",
             updated=time.time(),
         )
-        message = f"refused by node {self.node_id}: {exc}"
-        if not exc.genuine:
-            with contextlib.suppress(Exception):  # not stored: at most the note says it
-                await publish_event(self.js, self.region, self._refusal_event(rec, exc, message))
-            return
-        try:
-            fresh = await self.store.insert_if_new(rec)  # else a replay of an attempt we had
-        except (sqlite3.Error, OSError) as err:
-            self._stored(err)
-            fresh = True  # not on disk, but its attempt must still be failed and retried
-        if fresh:
-            rec.state = "FAILED"
-            self.owed.add((rec.task_id, rec.attempt))
-            await self._report(rec, self._refusal_event(rec, exc, message))
-
-    def _refusal_event(self, rec: TaskRecord, exc: AssignmentRefused, message: str) -> TaskEvent:
-        return replace(
-            self._event(rec, "FAILED", message=message),
+        ev = replace(
+            self._event(rec, "FAILED", message=f"refused by node {self.node_id}: {exc}"),
             refused=exc.reason,
             verify_key=self.verify_key_id,
         )
+        if exc.genuine:
+            try:
+                if not await self.store.insert_if_new(rec):
+                    return  # a replay of an attempt we had
+                self.owed.add((rec.task_id, rec.attempt))
+                await self._report(rec, ev)  # stored: the reporter resends it if need be
+                return
+            except (sqlite3.Error, OSError) as err:
+                self._stored(err)  # not on disk, but its attempt must still be failed
+        with contextlib.suppress(Exception):  # not stored: sent once (the note says it too)
+            await publish_event(self.js, self.region, ev)
 
     async def _launch(self, rec: TaskRecord, a: Assignment) -> None:
         spec = a.spec
