@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from nats.js.api import ConsumerConfig
@@ -43,7 +41,7 @@ from mesh.schema import (
     TaskSpec,
     decode_task_events,
 )
-from mesh.signing import refusal_credited, refusal_hint, sign, sign_batch
+from mesh.signing import credit_refusals, sign, sign_batch
 from mesh.tasks import cancel_and_wait
 from workloads.spec import TaskGroup
 
@@ -105,27 +103,6 @@ def run_batches(tasks: list[TaskRecord]) -> list[list[TaskRecord]]:
             size += est
         batches.append(batch)
     return batches
-
-
-def credit_refusals(
-    events: Iterable[TaskEvent], signer: str | None
-) -> tuple[list[TaskEvent], list[TaskEvent]]:
-    """Agents' reports split into those to judge as usual and the refusals this leader
-    does not credit (`mesh.signing.refusal_credited`: it signs with the very key the node
-    verifies with, so what the node refused was not its run). A credited refusal's
-    message gains what to do about it. Pure."""
-    kept, doubted = [], []
-    for ev in events:
-        if not ev.refused:
-            kept.append(ev)
-        elif not refusal_credited(ev.refused, ev.verify_key, signer):
-            doubted.append(ev)
-        else:
-            hint = refusal_hint(ev.refused, ev.verify_key, signer)
-            kept.append(
-                dataclasses.replace(ev, message=f"{ev.message}; {hint}" if hint else ev.message)
-            )
-    return kept, doubted
 
 
 class Leader:

@@ -46,6 +46,7 @@ import hashlib
 import logging
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from mesh.codec import to_wire
-from mesh.schema import Assignment, AssignmentBatch
+from mesh.schema import Assignment, AssignmentBatch, TaskEvent
 
 log = logging.getLogger("mesh.signing")
 
@@ -228,6 +229,27 @@ def refusal_hint(reason: str, node_key: str, signer: str | None) -> str:
             "give both halves of one pair"
         )
     return ""
+
+
+def credit_refusals(
+    events: Iterable[TaskEvent], signer: str | None
+) -> tuple[list[TaskEvent], list[TaskEvent]]:
+    """Agents' reports split into those to judge as usual and the refusals a leader
+    signing with `signer` does not credit (`refusal_credited`: it signs with the very
+    key the node verifies with, so what the node refused was not its run). A credited
+    refusal's message gains what to do about it."""
+    kept, doubted = [], []
+    for ev in events:
+        if not ev.refused:
+            kept.append(ev)
+        elif not refusal_credited(ev.refused, ev.verify_key, signer):
+            doubted.append(ev)
+        else:
+            hint = refusal_hint(ev.refused, ev.verify_key, signer)
+            kept.append(
+                dataclasses.replace(ev, message=f"{ev.message}; {hint}" if hint else ev.message)
+            )
+    return kept, doubted
 
 
 # ---------------------------------------------------------------- canonical bytes

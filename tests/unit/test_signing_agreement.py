@@ -1,7 +1,6 @@
 """Signer and verifiers agree, or say why not: which key a process uses by default, the
 leader's placement bar for nodes it cannot satisfy, and which refusal reports fail an
-attempt (pure decisions in mesh.signing, coordinator.cluster, coordinator.leader and
-coordinator.reconcile)."""
+attempt (pure decisions in mesh.signing, coordinator.cluster and coordinator.reconcile)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coordinator.cluster import DOWN, ClusterView
-from coordinator.leader import credit_refusals
 from coordinator.reconcile import reconcile
 from coordinator.state import RegionState
 from mesh.codec import decode, encode
@@ -28,6 +26,7 @@ from mesh.signing import (
     KEY_FILE,
     PUB_FILE,
     AssignmentRefused,
+    credit_refusals,
     generate_keypair,
     key_id,
     key_path,
