@@ -108,7 +108,7 @@ from mesh import subjects
 from mesh.codec import to_wire
 from mesh.connect import ClientTls, close_quietly, connect
 from mesh.schema import Assignment, GpuStatus, NodeState, Resources, TaskEvent, TaskSpec
-from mesh.signing import AssignmentRefused, VerifyKey, load_verify_key, open_message
+from mesh.signing import AssignmentRefused, VerifyKey, key_id, load_verify_key, open_message
 from mesh.streams import ensure_streams
 from mesh.tasks import cancel_and_wait
 from workloads.lifecycle import ENDED, TaskState
@@ -339,6 +339,7 @@ class HollowNode:
     background: dict[int, int] | None = None  # GPU index -> percent
     gpu_wire: GpuWire | None = field(default=None, repr=False)  # shared by equal nodes
     down: bool = False  # crashed: no heartbeats, assignments wait in `backlog`
+    verify_key: str = ""  # the id of the key its fleet verifies with (heartbeats say it)
     backlog: list[AssignmentMessage] | None = field(default=None, repr=False)
     wake: asyncio.TimerHandle | None = field(default=None, repr=False)
     grants: dict[tuple[str, int], Grant] | None = field(default=None, repr=False)
@@ -477,6 +478,7 @@ class HollowNode:
             labels=labels,
             gpus=self._gpus(),
             tasks=tasks,
+            verify_key=self.verify_key,
         )
 
     def live_tasks(self) -> list[str]:
@@ -554,8 +556,10 @@ class HollowFleet:
             self.nodes[node_id] = HollowNode(
                 node_id, inv, busy=round(busy.uniform(*BUSY_RANGE), 3), gpu_wire=wires.get(inv)
             )
-        for node_id in self.nodes:
+        verify_id = key_id(verify_key) if verify_key is not None else ""
+        for node_id, node in self.nodes.items():
             subjects.token(node_id, "node id")
+            node.verify_key = verify_id
         for uuid, percent in (gpu_background or {}).items():
             self.set_gpu_background(uuid, percent)
         self.heartbeat_s = heartbeat_s
@@ -754,13 +758,18 @@ class HollowFleet:
     def _refuse(
         self, node: HollowNode, a: Assignment, key: tuple[str, int], exc: AssignmentRefused
     ) -> None:
-        """As the real agent does: counted, not acted on; reported as the attempt's failure
-        only when the coordinator really issued it (too old, or clocks apart)."""
+        """As the real agent does: counted, not acted on, and a run's refusal reported as
+        its attempt's failure (the leader judges whether it counts); remembered only when
+        the coordinator really issued it (too old, or clocks apart), so a forgery never
+        blocks the genuine run of its attempt."""
         self.counts["unverified"] += 1
         log.warning("hollow node %s refused an assignment: %s", node.node_id, exc)
-        if exc.genuine and a.kind == "run" and key not in node.seen:
+        if a.kind != "run" or not exc.reported or key in node.seen:
+            return
+        message = f"refused by node {node.node_id}: {exc}"
+        self._report(node, a, TaskState.FAILED, message=message, refused=exc.reason)
+        if exc.genuine:
             node.seen.add(key)
-            self._report(node, a, TaskState.FAILED, message=f"refused: {exc}")
             self._end(node, key)
 
     def _finish(self, node: HollowNode, a: Assignment) -> None:
@@ -799,6 +808,7 @@ class HollowFleet:
         state: TaskState,
         exit_code: int | None = None,
         message: str = "",
+        refused: str = "",
     ) -> None:
         self.events.send(
             TaskEvent(
@@ -811,5 +821,7 @@ class HollowFleet:
                 exit_code,
                 None,
                 message,
+                refused=refused,
+                verify_key=node.verify_key if refused else "",
             )
         )

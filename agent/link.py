@@ -5,7 +5,9 @@
   the handler returns, so an agent that dies mid-way gets it again (and recognises
   it by task id and attempt).
 - `publish_event`: task transitions go to the events stream with a message id made
-  of (node, task, attempt, state), so a resend after a crash is de-duplicated.
+  of (node, task, attempt, state), so a resend after a crash is de-duplicated (a
+  refusal's id is marked as one: a forged assignment's refusal must never stand in for
+  the genuine attempt's own FAILED).
 
 For a process that speaks for many nodes (the hollow fleet):
 
@@ -126,8 +128,16 @@ async def publish_event(js: JetStreamContext, region: str, ev: TaskEvent) -> Non
         subjects.events(region, ev.node_id),
         encode(ev),
         stream=subjects.events_stream(region),
-        headers={"Nats-Msg-Id": f"{ev.node_id}:{ev.task_id}:{ev.attempt}:{ev.state}"},
+        headers={"Nats-Msg-Id": event_id(ev)},
     )
+
+
+def event_id(ev: TaskEvent) -> str:
+    """One event's de-duplication id: its attempt and state, and whether it is a
+    refusal (a refusal the leader does not credit must not make the stream drop the
+    attempt's genuine FAILED as its duplicate)."""
+    base = f"{ev.node_id}:{ev.task_id}:{ev.attempt}:{ev.state}"
+    return f"{base}:refused" if ev.refused else base
 
 
 # ---------------------------------------------------------------- many nodes, one connection
@@ -290,6 +300,8 @@ def _event_map(ev: TaskEvent) -> dict:
         "signal": ev.signal,
         "message": ev.message,
         "log_tail": ev.log_tail,
+        "refused": ev.refused,
+        "verify_key": ev.verify_key,
         "v": ev.v,
     }
 
@@ -323,7 +335,7 @@ EVENT_BATCH_BYTES = 512 * 1024
 def _message_id(evs: list[TaskEvent]) -> str:
     """The stream's de-duplication id: the same for a message sent again (one event: its
     attempt and state; several: a digest of theirs)."""
-    ids = [f"{ev.node_id}:{ev.task_id}:{ev.attempt}:{ev.state}" for ev in evs]
+    ids = [event_id(ev) for ev in evs]
     if len(ids) == 1:
         return ids[0]
     digest = hashlib.blake2b("|".join(ids).encode(), digest_size=16).hexdigest()

@@ -15,7 +15,7 @@ import re
 import socket
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from agent.access import make_dirs
@@ -51,7 +51,7 @@ from mesh.schema import (
     error_reply,
     ok,
 )
-from mesh.signing import AssignmentRefused, load_verify_key, open_message
+from mesh.signing import AssignmentRefused, key_id, load_verify_key, open_message
 from mesh.streams import ensure_streams
 from workloads.lifecycle import TaskState
 
@@ -113,6 +113,7 @@ class Agent:
         self.note = ""
         # Assignment signatures: with a key, nothing unverified is acted on (see mesh.signing).
         self.verify_key = load_verify_key(config.verify_key) if config.verify_key else None
+        self.verify_key_id = key_id(self.verify_key) if self.verify_key is not None else ""
         self.refused = 0  # assignments refused by verification, shown in the heartbeat note
         self.storage_error = ""  # the last task store write that failed, until one works
         self.last_refused = ""
@@ -175,6 +176,7 @@ class Agent:
         self._logs_sub = await self.nc.subscribe(
             subjects.task_logs(self.region, self.node_id), cb=self._serve_logs
         )
+        self._say_verifying()
         self.feed = AssignmentFeed(self.js, self.region, self.node_id, self._on_assignment)
         await self.feed.start()
         self._tasks = [
@@ -200,6 +202,23 @@ class Agent:
         coordinator places nothing on it and says why in a waiting job's reason."""
         executor = getattr(self, "executor", None)  # None before start()
         return executor.root_refusal if executor is not None else ""
+
+    def _say_verifying(self) -> None:
+        """One line on whether assignments are verified: an agent that verifies while its
+        coordinators do not sign runs nothing, and one that does not verify on a secure
+        mesh runs whatever reaches its assignment subject."""
+        if self.verify_key is not None:
+            log.info(
+                "verifying assignment signatures with %s (key %s)",
+                self.config.verify_key,
+                self.verify_key_id,
+            )
+        else:
+            log.warning(
+                "assignments are NOT verified: this agent runs any command published on its "
+                "assignment subject; start it with --certs DIR (holding assignments.pub) or "
+                "--verify-key FILE"
+            )
 
     def task_env(self) -> dict[str, str]:
         """What every task is told about where it runs: this agent's NATS and region."""
@@ -290,6 +309,7 @@ class Agent:
             tasks=tuple(f"{t}#{a}" for t, a in (*self.handles, *self.owed)),
             note=self._node_note(),
             refusing=self.refusing(),
+            verify_key=self.verify_key_id,
         )
 
     def _assess_gpus(self, gpus: tuple[GpuInfo, ...]) -> dict[str, str]:
@@ -368,15 +388,18 @@ class Agent:
         await self._launch(rec, a)
 
     async def _refuse(self, a: Assignment, exc: AssignmentRefused) -> None:
-        """Not acted on, and counted. Only a run the coordinator really issued (signature
-        good, refused for its age) is reported as its attempt's failure, so the attempt is
-        retried; a forged or unsigned one touches neither the store nor the job (else a
-        forgery naming a real attempt could fail it, or block its genuine run)."""
+        """Not acted on, counted, and (a run's) reported as its attempt's failure with the
+        reason, so the job says why instead of sitting PLACED. Only a run the coordinator
+        really issued (signature good, refused for its age) is also recorded: a forged
+        or unsigned one never touches the store (recorded, it would block the genuine run
+        of that attempt), and the leader credits its report only where its own run of
+        that attempt would have been refused too (mesh.signing.refusal_credited), so a
+        forgery naming a real attempt cannot fail it."""
         self.refused += 1
         stamp = time.strftime("%H:%M:%S", time.gmtime())
         self.last_refused = f"{a.kind} {a.task_id[:64]}#{a.attempt} {exc.reason} at {stamp}Z"
         log.warning("assignment refused: %s", exc)
-        if not exc.genuine or a.kind != "run":
+        if a.kind != "run" or not exc.reported:
             return
         rec = TaskRecord(
             task_id=a.task_id,
@@ -386,13 +409,22 @@ class Agent:
             assignment=b"",
             updated=time.time(),
         )
-        try:
-            fresh = await self.store.insert_if_new(rec)  # else a replay of an attempt we had
-        except (sqlite3.Error, OSError) as err:
-            self._stored(err)
-            fresh = True  # not on disk, but its attempt must still be failed and retried
-        if fresh:
-            await self._finish(rec, "FAILED", message=f"refused: {exc}")
+        ev = replace(
+            self._event(rec, "FAILED", message=f"refused by node {self.node_id}: {exc}"),
+            refused=exc.reason,
+            verify_key=self.verify_key_id,
+        )
+        if exc.genuine:
+            try:
+                if not await self.store.insert_if_new(rec):
+                    return  # a replay of an attempt we had
+                self.owed.add((rec.task_id, rec.attempt))
+                await self._report(rec, ev)  # stored: the reporter resends it if need be
+                return
+            except (sqlite3.Error, OSError) as err:
+                self._stored(err)  # not on disk, but its attempt must still be failed
+        with contextlib.suppress(Exception):  # not stored: sent once (the note says it too)
+            await publish_event(self.js, self.region, ev)
 
     async def _launch(self, rec: TaskRecord, a: Assignment) -> None:
         spec = a.spec

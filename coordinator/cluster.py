@@ -6,6 +6,11 @@ A node that misses heartbeats is first `suspect` (no new placements), then `down
 tasks watched like a ready node's, but nothing is placed on it. Time comes in as an
 argument so tests need no sleeps.
 
+A node this coordinator cannot send assignments to that it would accept (it verifies
+signatures, and this coordinator does not sign, or signs with another key: see
+`mesh.signing.placement_bar`) is `barred`: kept and watched like any other, but left
+out of `ready()`, the nodes placement uses, with the reason kept for the jobs that wait.
+
 Statuses change only here (`observe`, `expect`, `sweep`), so the view can keep what
 every round asks for: the ready nodes in order, the down ones, and a journal of the
 nodes that heartbeat or changed status (`changes`), so a round at 5,000 nodes looks
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 
 from coordinator.changes import Changes
 from mesh.schema import NodeState
+from mesh.signing import placement_bar
 
 READY, REFUSING, SUSPECT, DOWN = "ready", "refusing", "suspect", "down"
 HEARD = frozenset({READY, REFUSING})  # heartbeating now: what it lists is current
@@ -28,6 +34,8 @@ class NodeView:
     state: NodeState
     last_seen: float  # receiver's monotonic clock: senders' clocks are not trusted
     status: str = READY
+    barred: str = ""  # why nothing is placed here whatever its status ("" if it may be)
+    state_key: str = ""  # the verify key its heartbeats named when `barred` was judged
 
     @property
     def node_id(self) -> str:
@@ -39,8 +47,19 @@ class NodeView:
 
 
 class ClusterView:
-    def __init__(self, region: str, suspect_after: float = 3.0, down_after: float = 10.0) -> None:
+    """`signer`: the id of the key this coordinator signs assignments with (None if it
+    does not sign), against which each node's verify key is checked."""
+
+    def __init__(
+        self,
+        region: str,
+        suspect_after: float = 3.0,
+        down_after: float = 10.0,
+        signer: str | None = None,
+    ) -> None:
         self.region = region
+        self.signer = signer
+        self.barred: dict[str, str] = {}  # node id -> why nothing is placed on it
         self.suspect_after = suspect_after
         self.down_after = down_after
         self.nodes: dict[str, NodeView] = {}  # read freely; changed only by the methods
@@ -68,7 +87,7 @@ class ClusterView:
         status = REFUSING if state.refusing else READY
         view = self.nodes.get(node_id)
         if view is None:
-            self.nodes[node_id] = NodeView(state, now, status)
+            view = self.nodes[node_id] = NodeView(state, now, status)
             self._ready = None
             came_back = True
         else:
@@ -76,8 +95,34 @@ class ClusterView:
             view.state, view.last_seen = state, now
             if came_back:
                 self._set_status(view, status)
+        key = state.verify_key
+        if key != view.state_key:  # a node's key changes only when its agent restarts
+            view.state_key = key
+            came_back = self._bar(view, placement_bar(node_id, key, self.signer)) or came_back
         self._heard(node_id)
         return came_back
+
+    def barred_reason(self) -> str:
+        """Why nodes that heartbeat are left out of placement, for the jobs that wait:
+        the first barred node's reason, and how many more there are ("" if none)."""
+        live = sorted(n for n in self.barred if self.nodes[n].status != DOWN)
+        if not live:
+            return ""
+        more = f" (and {len(live) - 1} more nodes so)" if len(live) > 1 else ""
+        return self.barred[live[0]] + more
+
+    def _bar(self, view: NodeView, reason: str) -> bool:
+        """Set a node's bar; True if that changed whether it may be placed on."""
+        if reason == view.barred:
+            return False
+        was, view.barred = view.barred, reason
+        if reason:
+            self.barred[view.node_id] = reason
+        else:
+            self.barred.pop(view.node_id, None)
+        if bool(was) != bool(reason) and view.status == READY:
+            self._ready = None
+        return True
 
     def expect(self, node_id: str, now: float) -> None:
         """A node the log says holds tasks but that was never heard from: its silence
@@ -115,10 +160,10 @@ class ClusterView:
         return changed
 
     def ready(self) -> list[NodeView]:
-        """The READY nodes ordered by node id. The same list until one comes or goes:
-        callers must not change it."""
+        """The READY nodes that are not barred, ordered by node id. The same list until
+        one comes or goes: callers must not change it."""
         if self._ready is None:
-            views = (v for v in self.nodes.values() if v.status == READY)
+            views = (v for v in self.nodes.values() if v.status == READY and not v.barred)
             self._ready = sorted(views, key=lambda v: v.state.node_id)
         return self._ready
 
@@ -139,7 +184,7 @@ class ClusterView:
         self.changes.add(node_id)
 
     def _set_status(self, view: NodeView, status: str) -> None:
-        if (view.status == READY) != (status == READY):
+        if (view.status == READY) != (status == READY) and not view.barred:
             self._ready = None
         view.status = status
         if status == DOWN:

@@ -41,7 +41,7 @@ from mesh.schema import (
     TaskSpec,
     decode_task_events,
 )
-from mesh.signing import sign, sign_batch
+from mesh.signing import credit_refusals, sign, sign_batch
 from mesh.tasks import cancel_and_wait
 from workloads.spec import TaskGroup
 
@@ -130,6 +130,7 @@ class Leader:
         self._in_doubt: set[tuple[str, int]] = set()  # placed, append outcome unknown
         self._doubt_mark = 0  # writer.appends when the last of them was added
         self._sending: set[asyncio.Task[None]] = set()
+        self._sent_again: set[tuple[str, int]] = set()  # resent once after a doubted refusal
 
     async def start(self) -> None:
         """Catch up with the log, then claim it with a fenced LeaderElected entry."""
@@ -271,8 +272,10 @@ class Leader:
             "run", t.node_id, t.job_id, t.task_id, t.attempt, self.term, time.time(), spec
         )
 
-    async def _publish_runs(self, tasks: list[TaskRecord]) -> None:
-        """One message per node (up to MAX_ASSIGNMENT_BATCH runs), not one per task."""
+    async def _publish_runs(self, tasks: list[TaskRecord], again: bool = False) -> None:
+        """One message per node (up to MAX_ASSIGNMENT_BATCH runs), not one per task.
+        `again`: under message ids of their own, so the stream does not drop them as
+        repeats of what was sent before."""
         batches = run_batches(tasks)
         items = []
         specs: dict = {}  # the groups stay alive in the state while this runs: ids hold
@@ -281,6 +284,8 @@ class Leader:
             keys = sorted(f"{a.task_id}:{a.attempt}" for a in runs)
             # The same runs sent again are one message to the stream's de-duplication.
             msg_id = "runs:" + hashlib.sha1("\n".join(keys).encode()).hexdigest()
+            if again:
+                msg_id = f"again:{self.term}:{msg_id}"
             items.append((AssignmentBatch(runs[0].node_id, runs), msg_id))
         keyed = [[(t.task_id, t.attempt) for t in b] for b in batches]  # attempts move on
         sent = await self._send(items)
@@ -436,6 +441,35 @@ class Leader:
             self._events.batch = reports_fetch(reports, len(msgs), EVENTS_PER_APPEND, EVENTS_BATCH)
         self.wake()
 
+    def _doubted(self, refusals: list[TaskEvent]) -> None:
+        """Refusals of runs this leader signed with the key the node verifies with: what
+        the node refused was not this leader's run (a forgery naming the attempt, or an
+        earlier leader's, unsigned or under another key). The attempt is not failed; its
+        run is sent once more, signed, under a new message id, in case the node never
+        had this leader's (a repeat of one it had is ignored by its store)."""
+        again = []
+        for ev in refusals:
+            key = (ev.task_id, ev.attempt)
+            t = self.state.tasks.get(ev.task_id)
+            placed_here = t is not None and (t.node_id, t.attempt) == (ev.node_id, ev.attempt)
+            log.warning(
+                "node %s refused %s#%d (%s) though this leader's run of it verifies there: "
+                "a forgery on its assignment subject, or an earlier leader's run; %s",
+                ev.node_id,
+                ev.task_id,
+                ev.attempt,
+                ev.refused,
+                "sending it again" if placed_here and key not in self._sent_again else "ignored",
+            )
+            if placed_here and key not in self._sent_again:
+                self._sent_again.add(key)
+                again.append(key)
+        due = still_placed(self.state, again)  # not once it runs: it did arrive
+        if due:
+            task = asyncio.create_task(self._publish_runs(due, again=True), name="leader-again")
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
     def _events_of(self, msg) -> tuple[TaskEvent, ...]:
         """The events a message carries, or none if it is bad or speaks for another node
         than its subject's."""
@@ -456,7 +490,10 @@ class Leader:
     async def _log_reports(self, chunk) -> bool:
         """Log what these messages' events mean, then acknowledge the messages; False
         if they could not be logged (then they come again)."""
-        updates, stale = report_outcomes(self.state, (ev for _, evs in chunk for ev in evs))
+        events, doubted = credit_refusals((ev for _, evs in chunk for ev in evs), self.coord.signer)
+        if doubted:
+            self._doubted(doubted)
+        updates, stale = report_outcomes(self.state, events)
         if updates:
             try:
                 await self.writer.append(updates)

@@ -385,9 +385,10 @@ def _place_waiting(
 ) -> None:
     if not state.queue:
         return
+    barred = nodes.barred_reason()
     if not nodes.ready():
-        refusals = nodes.refusals()
-        why = f"no ready nodes; {refusals}" if refusals else "no ready nodes"
+        causes = "; ".join(c for c in (barred, nodes.refusals()) if c)
+        why = f"no node to place on: {causes}" if causes else "no ready nodes"
         d.unplaced.update({job.job_id: why for job in state.pending_jobs()})
         return
     snap = snapshot(nodes, state)
@@ -443,6 +444,9 @@ def _place_waiting(
         if placed or covered >= rest:
             break
     state.memo["window_cursor"] = cursor
+    if barred:
+        # Those that wait might have fit there: say so, or the operator looks elsewhere.
+        d.unplaced.update({j: f"{why}; not placed on: {barred}" for j, why in d.unplaced.items()})
     for p in placed:
         t = state.tasks[p.task_id]
         d.events.append(TaskPlaced(t.job_id, p.task_id, t.attempt + 1, p.node_id, now, p.gpu_uuids))

@@ -21,7 +21,7 @@ from mesh.codec import RepeatDecoder, WireError
 from mesh.connect import close_quietly, connect
 from mesh.lease import LeaseThread
 from mesh.schema import NodeState
-from mesh.signing import load_signing_key
+from mesh.signing import NO_SIGNING_KEY_FIX, key_id, load_signing_key
 from mesh.streams import ensure_streams
 
 log = logging.getLogger("mesh.coordinator")
@@ -66,10 +66,15 @@ class Coordinator:
         self.config = config
         # Loaded now, so a missing or wrong key stops the candidate before it can lead.
         self.signing_key = load_signing_key(config.signing_key) if config.signing_key else None
+        self.signer = key_id(self.signing_key) if self.signing_key is not None else None
         self.region = subjects.token(config.region, "region")
         self.candidate_id = subjects.token(config.candidate_id, "candidate id")
         self.state = RegionState()
-        self.cluster = ClusterView(self.region, config.suspect_after, config.down_after)
+        self.cluster = ClusterView(
+            self.region, config.suspect_after, config.down_after, signer=self.signer
+        )
+        self._said_barred: dict[str, str] = {}  # node -> the bar last logged for it
+        self._said_unverified = False
         self.leader: Leader | None = None
         self.api = Api(self)
         self.bad_states = 0
@@ -115,6 +120,21 @@ class Coordinator:
         )
         await self.lease.start()
         log.info("candidate %s started in region %s", self.candidate_id, self.region)
+        self._say_signing()
+
+    def _say_signing(self) -> None:
+        """One line on whether assignments are signed: agents given the public key refuse
+        whatever an unsigned coordinator sends them (then nothing is placed on them, and
+        the jobs say why)."""
+        if self.signing_key is not None:
+            log.info("signing assignments with %s (key %s)", self.config.signing_key, self.signer)
+        else:
+            log.warning(
+                "assignments are NOT signed: agents that verify signatures (--verify-key, "
+                "or --certs holding assignments.pub) refuse all of them, and nothing is "
+                "placed on them; %s",
+                NO_SIGNING_KEY_FIX.replace("start it", "start this coordinator"),
+            )
 
     async def stop(self) -> None:
         if self.lease is not None:
@@ -182,5 +202,28 @@ class Coordinator:
         ):
             self.bad_states += 1  # a node may only speak for itself
             return
-        if self.cluster.observe(st, time.monotonic()) and self.leader is not None:
-            self.leader.wake()
+        if self.cluster.observe(st, time.monotonic()):
+            self._say_bar(st)
+            if self.leader is not None:
+                self.leader.wake()
+
+    def _say_bar(self, st: NodeState) -> None:
+        """A node whose verify key this coordinator cannot satisfy is logged once (and
+        again when that changes); one that does not verify while this one signs, once
+        per process (a hollow fleet is thousands of them)."""
+        view = self.cluster.nodes[st.node_id]
+        if view.barred != self._said_barred.get(st.node_id, ""):
+            if view.barred:
+                log.warning("placing nothing on node %s: %s", st.node_id, view.barred)
+                self._said_barred[st.node_id] = view.barred
+            else:
+                log.info("node %s may be placed on again (its verify key matches)", st.node_id)
+                self._said_barred.pop(st.node_id, None)
+        if self.signer is not None and not st.verify_key and not self._said_unverified:
+            self._said_unverified = True
+            log.warning(
+                "node %s does not verify assignment signatures (nor, maybe, others: this is "
+                "said once): it runs whatever reaches its assignment subject; start its agent "
+                "with --certs DIR (holding assignments.pub) or --verify-key FILE",
+                st.node_id,
+            )

@@ -52,4 +52,6 @@ def node_summary(view: NodeView, state: RegionState, now: float) -> dict:
         "heartbeat_age_s": round(max(0.0, now - view.last_seen), 3),
         "note": s.note,
         "refusing": s.refusing,
+        "verify_key": s.verify_key,  # the key it verifies assignments with ("": none)
+        "barred": view.barred,  # why nothing is placed on it ("": nothing bars it)
     }

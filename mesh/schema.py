@@ -145,6 +145,10 @@ class NodeState:
     # Non-empty: this node takes no tasks, and why (a root agent without --run-as).
     # It heartbeats (it is listed, as "refusing") but nothing is placed on it.
     refusing: str = wf("", max_len=256)
+    # The id (mesh.signing.key_id) of the key it verifies assignments with; "": it does
+    # not (or is older than this field). The leader places nothing on a node it would
+    # send what the node refuses.
+    verify_key: str = wf("", max_len=64)
     v: int = 1
 
 
@@ -221,6 +225,12 @@ class TaskEvent:
     signal: int | None = wf(None, ge=0, le=128)
     message: str = wf("", max_len=4096)
     log_tail: str = wf("", max_len=4096)
+    # A FAILED that is the agent refusing the attempt's run: the reason code
+    # (mesh.signing.AssignmentRefused) and the id of the key it verified with. The leader
+    # fails the attempt only if its own run could have been refused so
+    # (mesh.signing.refusal_credited).
+    refused: str = wf("", max_len=32)
+    verify_key: str = wf("", max_len=64)
     v: int = 1
 
 

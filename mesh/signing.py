@@ -27,15 +27,26 @@ or replayed (but genuine) kill can only stop what was already condemned. A repla
 *run* is refused by expiry once it is old, and before that by the agent's own
 de-duplication on (task, attempt) -- `verify` is pure and does not keep that state.
 
+Who signs and who verifies must agree, or nothing runs: an agent that verifies refuses
+everything an unsigned coordinator sends, or one that signs with another key. So each
+agent's heartbeat names the key it verifies with (`key_id`, a fingerprint), and the
+leader places nothing on a node it cannot satisfy (`placement_bar`, the reason shown as
+the job's waiting reason). An assignment refused all the same (sent before the agent
+changed its key, by an earlier leader) is reported by the agent as its attempt's
+failure; the leader credits such a report only where its own assignment could have
+been refused so (`refusal_credited`), so a forgery cannot fail a genuine attempt.
+
 Everything here is pure except key generation and loading.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +59,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from mesh.codec import to_wire
-from mesh.schema import Assignment, AssignmentBatch
+from mesh.schema import Assignment, AssignmentBatch, TaskEvent
 
 log = logging.getLogger("mesh.signing")
 
@@ -77,8 +88,16 @@ class AssignmentRefused(Exception):
     @property
     def genuine(self) -> bool:
         """The signature verified (the coordinator did issue it): refused only for its age.
-        Such a refusal may be reported as the attempt's failure; a forged one may not."""
+        Such a refusal is recorded as the attempt's failure; a forged one is not."""
         return self.reason in ("expired", "future")
+
+    @property
+    def reported(self) -> bool:
+        """Sent to the coordinator as the attempt's failure (a run's only): every reason
+        but wrong-node, which names another node's attempt (a replay moved here) that this
+        node must not speak for. Whether an unsigned or bad-signature report counts is the
+        leader's call (`refusal_credited`)."""
+        return self.reason != "wrong-node"
 
 
 # ---------------------------------------------------------------- keys
@@ -138,6 +157,99 @@ def load_verify_key(path: str | os.PathLike[str]) -> VerifyKey:
     if not isinstance(key, Ed25519PublicKey):
         raise ValueError(f"{p}: not an Ed25519 public key")
     return key
+
+
+def key_id(key: VerifyKey | SigningKey) -> str:
+    """A short fingerprint of a key pair (from either half): what a heartbeat carries to
+    say which key its agent verifies with, and what logs show. Not secret."""
+    pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return "ed25519:" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+def key_path(explicit: str | None, certs_dir: str | None, filename: str) -> str | None:
+    """The key file a process uses: the one it was given, else `filename` in its certs
+    directory when that holds one (`mesh certs init` writes both halves there), else
+    none."""
+    if explicit:
+        return explicit
+    if certs_dir and (Path(certs_dir) / filename).is_file():
+        return str(Path(certs_dir) / filename)
+    return None
+
+
+# ---------------------------------------------------------------- signer and verifiers agree
+
+NO_SIGNING_KEY_FIX = "start it with --certs DIR (holding assignments.key) or --signing-key FILE"
+
+
+def placement_bar(node_id: str, node_key: str, signer: str | None) -> str:
+    """Why the leader must not place on this node ("" if it may): the node verifies
+    assignments (`node_key`, its key's id; "" if it does not, or is too old to say) and
+    this coordinator would send it nothing it accepts, unsigned (`signer` None) or signed
+    with another key."""
+    if not node_key or node_key == signer:
+        return ""
+    if signer is None:
+        return (
+            f"node {node_id} verifies assignment signatures and this coordinator has no "
+            f"signing key: {NO_SIGNING_KEY_FIX}"
+        )
+    return (
+        f"node {node_id} verifies assignments with key {node_key}, this coordinator signs "
+        f"with {signer}: give both halves of one pair (assignments.key to coordinators, "
+        f"assignments.pub to agents)"
+    )
+
+
+def refusal_credited(reason: str, node_key: str, signer: str | None) -> bool:
+    """Whether a node's report that it refused an attempt's run (`reason`, an
+    AssignmentRefused code) fails that attempt. Refused for its age: yes, the signature
+    verified. Unsigned or bad signature: yes unless this coordinator signs with the very
+    key the node verifies with (`node_key`, as the report says), for then what it sent
+    verifies, and what the node refused was someone else's: a forgery naming a real
+    attempt must not fail it. Where the keys differ the genuine run would be refused
+    too, so crediting a forged report costs nothing."""
+    if reason in ("expired", "future"):
+        return True
+    if reason in ("unsigned", "bad-signature"):
+        return signer is None or node_key != signer
+    return False
+
+
+def refusal_hint(reason: str, node_key: str, signer: str | None) -> str:
+    """What to do about a credited refusal, for the task's message ("" if nothing)."""
+    if reason in ("expired", "future"):
+        return "the clocks of this coordinator and the node differ: synchronise them (NTP)"
+    if signer is None:
+        return f"this coordinator has no signing key: {NO_SIGNING_KEY_FIX}"
+    if node_key and node_key != signer:
+        return (
+            f"the node verifies with key {node_key}, this coordinator signs with {signer}: "
+            "give both halves of one pair"
+        )
+    return ""
+
+
+def credit_refusals(
+    events: Iterable[TaskEvent], signer: str | None
+) -> tuple[list[TaskEvent], list[TaskEvent]]:
+    """Agents' reports split into those to judge as usual and the refusals a leader
+    signing with `signer` does not credit (`refusal_credited`: it signs with the very
+    key the node verifies with, so what the node refused was not its run). A credited
+    refusal's message gains what to do about it."""
+    kept, doubted = [], []
+    for ev in events:
+        if not ev.refused:
+            kept.append(ev)
+        elif not refusal_credited(ev.refused, ev.verify_key, signer):
+            doubted.append(ev)
+        else:
+            hint = refusal_hint(ev.refused, ev.verify_key, signer)
+            kept.append(
+                dataclasses.replace(ev, message=f"{ev.message}; {hint}" if hint else ev.message)
+            )
+    return kept, doubted
 
 
 # ---------------------------------------------------------------- canonical bytes

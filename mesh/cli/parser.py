@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument(
         "--verify-key",
         metavar="PEM",
-        help="coordinator's Ed25519 public key: refuse assignments whose signature fails",
+        help="coordinator's Ed25519 public key: refuse assignments whose signature fails "
+        "(default: assignments.pub in the --certs directory, if there)",
     )
     ag.add_argument("--limits", default="auto", choices=["auto", "cgroup", "rlimit", "none"])
     ag.add_argument(
@@ -201,7 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
         "guard; default 30)",
     )
     co.add_argument(
-        "--signing-key", metavar="PEM", help="Ed25519 private key: sign every assignment"
+        "--signing-key",
+        metavar="PEM",
+        help="Ed25519 private key: sign every assignment "
+        "(default: assignments.key in the --certs directory, if there)",
     )
 
     job = sub.add_parser("job", help="submit and manage jobs").add_subparsers(

@@ -14,6 +14,7 @@ from mesh.cli.context import Context, mesh_home, save_context
 from mesh.cli.exitcodes import EXIT_OK, EXIT_USAGE
 from mesh.connect import ClientTls
 from mesh.security.identity import Identity
+from mesh.signing import KEY_FILE, PUB_FILE, key_path
 
 
 def up(args: argparse.Namespace, ctx: Context) -> int:
@@ -98,7 +99,7 @@ async def agent(args: argparse.Namespace, ctx: Context) -> int:
             seed=args.seed,
             heartbeat_s=args.heartbeat,
             inventories=uniform,
-            verify_key=args.verify_key,
+            verify_key=key_path(args.verify_key, ctx.certs, PUB_FILE),
             prefix=args.prefix,
             tls=ctx.tls(Identity.fleet(args.prefix)),
         )
@@ -133,7 +134,7 @@ async def agent(args: argparse.Namespace, ctx: Context) -> int:
             heartbeat_s=args.heartbeat,
             run_as=args.run_as,
             allow_root=args.allow_root,
-            verify_key=args.verify_key,
+            verify_key=key_path(args.verify_key, ctx.certs, PUB_FILE),
             limits=args.limits,
             tls=ctx.tls(Identity.agent(node_id)),
             task_tls=task_tls if ctx.certs else None,
@@ -172,7 +173,10 @@ async def coordinator(args: argparse.Namespace, ctx: Context) -> int:
             region=ctx.region,
             candidate_id=args.candidate_id or f"coordinator-{uuid.uuid4().hex[:6]}",
             lease_ttl=args.lease_ttl,
-            signing_key=args.signing_key,
+            # The certs directory's key unless told otherwise: `mesh certs init` put it
+            # there, and a coordinator that does not sign has its runs refused by every
+            # agent that verifies (it says which it does at start).
+            signing_key=key_path(args.signing_key, ctx.certs, KEY_FILE),
             replicas=args.replicas,
             placement=placement,
             suspect_after=args.suspect_after,
