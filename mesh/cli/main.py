@@ -10,21 +10,31 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from mesh import logs
+from mesh import logs, subjects
 from mesh.cli import certs, commands, infer, load, servers
 from mesh.cli.context import load_context
 from mesh.cli.exitcodes import EXIT_OK, EXIT_USAGE
 from mesh.cli.parser import build_parser
 from mesh.connect import TlsConfigError
+from mesh.refusals import Refused
 from mesh.security.identity import IdentityError
+from mesh.subjects import SubjectError
 from workloads.model import parse_model_spec
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.log_level = args.log_level or logs.default_level(args.cmd)
     logs.setup(args.log_level)
     insecure = args.insecure or getattr(args, "up_insecure", False)
     ctx = load_context(args.nats, args.region, args.certs, user_flag=args.user, insecure=insecure)
+    if not subjects.is_token(ctx.region):  # one subject token: `a.b` would widen subjects
+        print(
+            f"mesh: region {ctx.region!r} (from --region, MESH_REGION or the context) must "
+            "be 1-64 letters, digits, '_' or '-'",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         if args.cmd == "certs":
             return certs.run(args, args.certs, ctx.region)
@@ -39,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
                 return asyncio.run(servers.agent(args, ctx))
             if args.cmd == "coordinator":
                 return asyncio.run(servers.coordinator(args, ctx))
-        except (TlsConfigError, IdentityError) as exc:
+        except (TlsConfigError, IdentityError, SubjectError) as exc:
             print(f"mesh {args.cmd}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except Refused as exc:  # permission, authorization or TLS: the fix is in the text
+            print(f"mesh {args.cmd}: {exc.message}", file=sys.stderr)
             return EXIT_USAGE
         if args.cmd == "load":
             try:  # before connecting: a bad value needs no mesh to be reported

@@ -12,7 +12,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nats", help="NATS URL (env MESH_NATS_URL; default: the `mesh up` context)")
     p.add_argument("--region", help="region (env MESH_REGION; default: context or 'default')")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--log-level",
+        help="debug, info, warning or error (default: info for agent, "
+        "coordinator and up; warning for client commands)",
+    )
     p.add_argument(
         "--certs",
         help="certificate directory; each component uses its identity's files there "

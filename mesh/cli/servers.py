@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import logging
 import signal
 import sys
 import uuid
@@ -12,8 +14,11 @@ from pathlib import Path
 from mesh.cli import infer
 from mesh.cli.context import Context, mesh_home, save_context
 from mesh.cli.exitcodes import EXIT_OK, EXIT_USAGE
-from mesh.connect import ClientTls
+from mesh.connect import ClientTls, describe, endpoint
+from mesh.logs import fields
 from mesh.security.identity import Identity
+
+log = logging.getLogger("mesh.cli")
 
 
 def up(args: argparse.Namespace, ctx: Context) -> int:
@@ -102,7 +107,14 @@ async def agent(args: argparse.Namespace, ctx: Context) -> int:
             prefix=args.prefix,
             tls=ctx.tls(Identity.fleet(args.prefix)),
         )
-        await fleet.start()
+        await _start(fleet)
+        log.info(
+            "hollow fleet %s started in region %s, connected to %s",
+            args.prefix,
+            ctx.region,
+            describe(fleet.nc),
+            extra=fields(event="started", process="fleet", region=ctx.region, **endpoint(fleet.nc)),
+        )
         try:
             await _until_signal()
         finally:
@@ -139,7 +151,7 @@ async def agent(args: argparse.Namespace, ctx: Context) -> int:
             task_tls=task_tls if ctx.certs else None,
         )
     )
-    await agent.start()
+    await _start(agent)
     try:
         await _until_signal()
     finally:
@@ -176,9 +188,21 @@ async def coordinator(args: argparse.Namespace, ctx: Context) -> int:
             connect_options=ctx.connect_options(Identity.coordinator()),
         )
     )
-    await coord.start()
+    await _start(coord)
     try:
         await _until_signal()
     finally:
         await coord.stop()
     return EXIT_OK
+
+
+async def _start(service) -> None:
+    """Start an agent or coordinator; if that fails, release what it had opened before
+    the error goes up (to `main`, which prints it on one line and exits non-zero, so a
+    supervisor restarts or reports the process)."""
+    try:
+        await service.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(service.stop(), 5.0)
+        raise
