@@ -18,6 +18,7 @@ import ssl
 from dataclasses import dataclass
 
 from nats.errors import AuthorizationError
+from nats.errors import Error as NatsError
 
 _DENIAL = re.compile(
     r"permissions violation for (publish|subscription)"
@@ -65,8 +66,9 @@ def who(identity: str) -> str:
     return f"{identity} (server user CN={identity})" if identity else "this client"
 
 
-class Refused(Exception):
-    """The NATS server refused this client for a reason retrying will not fix."""
+class Refused(NatsError):
+    """The NATS server refused this client for a reason retrying will not fix. A nats-py
+    error, so code that handles those (and the timeouts these used to be) still does."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
