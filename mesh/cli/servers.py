@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 import uuid
@@ -14,11 +13,8 @@ from pathlib import Path
 from mesh.cli import infer
 from mesh.cli.context import Context, mesh_home, save_context
 from mesh.cli.exitcodes import EXIT_OK, EXIT_USAGE
-from mesh.connect import ClientTls, describe, endpoint
-from mesh.logs import fields
+from mesh.connect import ClientTls
 from mesh.security.identity import Identity
-
-log = logging.getLogger("mesh.cli")
 
 
 def up(args: argparse.Namespace, ctx: Context) -> int:
@@ -108,13 +104,6 @@ async def agent(args: argparse.Namespace, ctx: Context) -> int:
             tls=ctx.tls(Identity.fleet(args.prefix)),
         )
         await _start(fleet)
-        log.info(
-            "hollow fleet %s started in region %s, connected to %s",
-            args.prefix,
-            ctx.region,
-            describe(fleet.nc),
-            extra=fields(event="started", process="fleet", region=ctx.region, **endpoint(fleet.nc)),
-        )
         try:
             await _until_signal()
         finally:
