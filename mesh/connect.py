@@ -207,9 +207,9 @@ class Connection(Client):
             and self.is_connected
             and self.options.get("allow_reconnect")
         ):
+            await self._process_op_err(AuthorizationError())  # now reconnecting
             if self._error_cb is not None:
                 await self._error_cb(AuthorizationError())
-            await self._process_op_err(AuthorizationError())
             return
         await super()._process_err(err_msg)
 
@@ -264,14 +264,19 @@ class _Reporter:
                 if isinstance(refused, AuthorizationRefused):
                     health.refused += 1
                     self.warn("refused", "%s; retrying, less often while refused", refused)
-                elif health.connected_once or health.failures >= 3:
-                    # (a refusal's first attempts may end in a broken pipe instead)
+                    return await self._pass_on(exc)
+                if not isinstance(exc, BROKEN):  # (how a refusal may end, by a race)
+                    health.refused = 0  # away, not refusing: try again soon
+                if health.connected_once or health.failures >= 3:
                     what = exc or type(exc).__name__
                     self.warn("unreachable", "cannot reach NATS at %s: %s; retrying", nc.url, what)
         elif isinstance(exc, LINK_LOST):
             self.lost = exc  # the disconnect line says it
         else:
             self.warn(f"error:{type(exc).__name__}", "nats error: %s", exc or type(exc).__name__)
+        await self._pass_on(exc)
+
+    async def _pass_on(self, exc: Exception) -> None:
         if self.user_error_cb is not None:
             await self.user_error_cb(exc)
 

@@ -111,8 +111,9 @@ def permission_message(operation: str, subject: str, identity: str) -> str:
     return (
         f"permission denied: nats-server does not let {who(identity)} {verb} "
         f'"{subject}"{region}. Likely fix: a wrong --region? (the server config permits '
-        f"each identity its own region's subjects only); or this identity is missing from "
-        f"the server config: regenerate it with {FIX}"
+        f"each identity only its own region's subjects); or a server config made for "
+        f"another region, or without this identity's current permissions: regenerate it "
+        f"with {FIX}"
     )
 
 

@@ -104,7 +104,8 @@ def wait_for(pred, timeout: float = 20.0, interval: float = 0.1):
 
 
 @pytest.fixture
-def deployment(tmp_path):
+def stopped_deployment(tmp_path):
+    """Certificates and a server config; the server not started yet."""
     certs = tmp_path / "certs"
     pki.init(certs)
     for node in ("node-a", "node-b"):
@@ -117,10 +118,17 @@ def deployment(tmp_path):
     }
     for var in ("MESH_REGION", "MESH_INSECURE", "MESH_USER"):
         env.pop(var, None)
-    server = SecureNats(tmp_path, certs, env).start()
+    server = SecureNats(tmp_path, certs, env)
     env["MESH_NATS_URL"] = server.url
     yield server, env
     server.stop()
+
+
+@pytest.fixture
+def deployment(stopped_deployment):
+    server, env = stopped_deployment
+    server.start()
+    return server, env
 
 
 class Child:
@@ -316,3 +324,26 @@ def node_status(env: dict, node: str) -> str | None:
     if out.returncode != 0:
         return None
     return next((n["status"] for n in json.loads(out.stdout) if n["node_id"] == node), None)
+
+
+def test_agent_started_before_its_server_says_so_and_starts_when_it_comes(
+    stopped_deployment, tmp_path, children
+):
+    server, env = stopped_deployment
+    agent = children(
+        "agent",
+        "--node-id",
+        "node-a",
+        "--data-dir",
+        str(tmp_path / "agent"),
+        *ROOT,
+        env=env,
+        log=tmp_path / "agent.log",
+    )
+    wait_for(lambda: "cannot reach NATS at" in agent.text())
+    time.sleep(3.0)
+    assert agent.text().count("cannot reach NATS at") == 1, agent.text()  # not one per try
+    assert agent.proc.poll() is None
+    server.start()
+    wait_for(lambda: "agent node-a started" in agent.text())
+    assert "Traceback" not in agent.text()
