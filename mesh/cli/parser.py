@@ -14,6 +14,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
         "--log-level",
+        type=str.lower,
+        choices=["debug", "info", "warning", "error", "critical"],
         help="debug, info, warning or error (default: info for agent, "
         "coordinator and up; warning for client commands)",
     )
