@@ -106,7 +106,8 @@ import msgpack
 from agent.link import AssignmentMessage, EventPublisher, FleetFeed
 from mesh import subjects
 from mesh.codec import to_wire
-from mesh.connect import ClientTls, close_quietly, connect
+from mesh.connect import ClientTls, close_quietly, connect, describe, endpoint
+from mesh.logs import fields
 from mesh.schema import Assignment, GpuStatus, NodeState, Resources, TaskEvent, TaskSpec
 from mesh.signing import AssignmentRefused, VerifyKey, key_id, load_verify_key, open_message
 from mesh.streams import ensure_streams
@@ -615,11 +616,13 @@ class HollowFleet:
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="hollow-heartbeat"))
         self.started_s = time.monotonic() - t0
         log.info(
-            "hollow fleet %s: %d nodes in region %s, started in %.2f s",
+            "hollow fleet %s: %d nodes in region %s, started in %.2f s, connected to %s",
             self.prefix,
             len(self.nodes),
             self.region,
             self.started_s,
+            describe(self.nc),
+            extra=fields(event="started", process="fleet", region=self.region, **endpoint(self.nc)),
         )
 
     async def stop(self) -> None:

@@ -38,7 +38,8 @@ from agent.probe import GpuInfo, GpuProbe, HostProbe, HostSample
 from agent.store import TaskRecord, TaskStore
 from mesh import subjects
 from mesh.codec import WireError, decode, encode
-from mesh.connect import ClientTls, close_quietly, connect
+from mesh.connect import ClientTls, close_quietly, connect, describe, endpoint
+from mesh.logs import fields
 from mesh.schema import (
     Assignment,
     ErrorCode,
@@ -156,7 +157,10 @@ class Agent:
         self.probe = HostProbe(self.data_dir, self.gpus)
         self._assess_gpus(self.gpus.sample())  # before _readopt may launch a task
         self.nc = await connect(
-            self.config.nats_url, name=f"agent:{self.node_id}", tls=self.config.tls
+            self.config.nats_url,
+            name=f"agent:{self.node_id}",
+            tls=self.config.tls,
+            checked_start=True,
         )
         self.js = self.nc.jetstream(timeout=5.0)
         await ensure_streams(self.js, self.region, agent=True)
@@ -183,7 +187,15 @@ class Agent:
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._report_loop(), name="reporter"),
         ]
-        log.info("agent %s started (limits: %s)", self.node_id, self.executor.limit_mode)
+        await self.nc.check_permissions()  # a wrong region is denied these subscriptions
+        log.info(
+            "agent %s started in region %s, connected to %s (limits: %s)",
+            self.node_id,
+            self.region,
+            describe(self.nc),
+            self.executor.limit_mode,
+            extra=fields(event="started", process="agent", region=self.region, **endpoint(self.nc)),
+        )
 
     async def _check_task_user(self) -> None:
         """Refuse to start when the task user cannot write its tasks' exit status under

@@ -18,8 +18,9 @@ from coordinator.scheduling import PlacementConfig
 from coordinator.state import RegionState
 from mesh import subjects
 from mesh.codec import RepeatDecoder, WireError
-from mesh.connect import close_quietly, connect
+from mesh.connect import close_quietly, connect, describe, endpoint
 from mesh.lease import LeaseThread
+from mesh.logs import fields
 from mesh.schema import NodeState
 from mesh.signing import NO_SIGNING_KEY_FIX, key_id, load_signing_key
 from mesh.streams import ensure_streams
@@ -91,7 +92,10 @@ class Coordinator:
         c = self.config
         gc.callbacks.append(_freeze_survivors)
         self.nc = await connect(
-            c.nats_url, name=f"coordinator:{self.candidate_id}", **c.connect_options
+            c.nats_url,
+            name=f"coordinator:{self.candidate_id}",
+            checked_start=True,
+            **c.connect_options,
         )
         self.js = self.nc.jetstream(timeout=5.0)
         await ensure_streams(self.js, self.region, c.replicas)
@@ -102,6 +106,7 @@ class Coordinator:
             subjects.state_all(self.region), cb=self._on_state
         )
         await self.api.start()
+        await self.nc.check_permissions()  # a wrong region is denied these subscriptions
         # The lease renews over a connection and a thread of its own: on the main
         # connection its small KV update would queue behind megabytes of assignments and
         # log appends, and on the main loop it would wait out every long placement round
@@ -119,7 +124,15 @@ class Coordinator:
             replicas=c.replicas,
         )
         await self.lease.start()
-        log.info("candidate %s started in region %s", self.candidate_id, self.region)
+        log.info(
+            "coordinator candidate %s started in region %s, connected to %s",
+            self.candidate_id,
+            self.region,
+            describe(self.nc),
+            extra=fields(
+                event="started", process="coordinator", region=self.region, **endpoint(self.nc)
+            ),
+        )
         self._say_signing()
 
     def _say_signing(self) -> None:
@@ -170,7 +183,13 @@ class Coordinator:
                 return
             self.leader = leader
             await self.api.start_leading()
-            log.info("%s leads region %s (term %d)", self.candidate_id, self.region, term)
+            log.info(
+                "%s leads region %s (term %d)",
+                self.candidate_id,
+                self.region,
+                term,
+                extra=fields(event="leader", term=term),
+            )
 
     async def _resign(self, term: int) -> None:
         """Give up a lease we could not act on, so another candidate can try."""
@@ -188,7 +207,12 @@ class Coordinator:
                 return
             await self.api.stop_leading()
             await leader.stop()
-            log.info("%s stepped down (term %d)", self.candidate_id, leader.term)
+            log.info(
+                "%s stepped down (term %d)",
+                self.candidate_id,
+                leader.term,
+                extra=fields(event="stepped_down", term=leader.term),
+            )
 
     async def _on_state(self, msg) -> None:
         try:

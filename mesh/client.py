@@ -1,7 +1,9 @@
 """A client of the request API: what the CLI, tests and benchmarks use.
 
 Each call is one NATS request to `mesh.<region>.api.<endpoint>`; an `{ok: false}`
-reply raises `ApiError` with the server's code and message.
+reply raises `ApiError` with the server's code and message. On a connection from
+`mesh.connect.connect`, a request the server denies (a wrong region, say) raises
+`mesh.refusals.PermissionDenied` at once, and is not retried: retrying cannot fix it.
 """
 
 from __future__ import annotations

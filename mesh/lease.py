@@ -31,6 +31,8 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from mesh.logs import Throttle, fields
+from mesh.refusals import Refused
 from mesh.streams import raise_replicas
 from mesh.tasks import cancel_and_wait
 
@@ -75,6 +77,8 @@ class Lease:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._watch_task: asyncio.Task[None] | None = None
+        self._seen_leader = ""  # the holder last seen by the watch (for the log)
+        self._throttle = Throttle(30.0)
 
     @property
     def is_leader(self) -> bool:
@@ -127,6 +131,10 @@ class Lease:
             rev = await self._kv.create(self.key, self.holder.encode())
         except KeyWrongLastSequenceError:
             rev = None
+        except Refused as exc:  # not ours to fix by retrying: say so, now and then
+            if self._throttle.allow("campaign", time.monotonic()) is not None:
+                log.warning("%s cannot campaign: %s", self.holder, exc.message)
+            rev = None
         except Exception as exc:  # server away: keep trying
             log.debug("campaign failed: %s", exc)
             rev = None
@@ -138,7 +146,12 @@ class Lease:
         self._rev = rev
         self.term = rev
         self._renewed_at = time.monotonic()
-        log.info("%s leads with term %d", self.holder, rev)
+        log.info(
+            "%s won the lease (term %d)",
+            self.holder,
+            rev,
+            extra=fields(event="lease_won", holder=self.holder, term=rev),
+        )
         if self.on_elected:
             await self.on_elected(rev)
 
@@ -160,13 +173,31 @@ class Lease:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("%s lost the lease (term %s): %s", self.holder, self.term, exc)
+            log.warning(
+                "%s lost the lease (term %s): %s",
+                self.holder,
+                self.term,
+                exc,
+                extra=fields(event="lease_lost", holder=self.holder, term=self.term),
+            )
             await self._lose()
 
     async def _lose(self) -> None:
         term, self.term = self.term, None
         if term is not None and self.on_lost:
             await self.on_lost(term)
+
+    def _follow(self, entry: Any) -> None:
+        """Log who leads when that changes, as seen by a candidate that does not."""
+        holder = (entry.value or b"").decode(errors="replace")
+        if holder and holder != self.holder and holder != self._seen_leader:
+            log.info(
+                "%s follows %s",
+                self.holder,
+                holder,
+                extra=fields(event="following", leader=holder, revision=entry.revision),
+            )
+        self._seen_leader = holder
 
     async def _watch(self) -> None:
         """Wake the campaign loop when the key is deleted (graceful hand-over)."""
@@ -178,6 +209,8 @@ class Lease:
                 async for entry in watcher:
                     if entry is None or entry.operation is not None:
                         self._wake.set()
+                    else:
+                        self._follow(entry)
             except asyncio.CancelledError:
                 if watcher is not None:
                     with contextlib.suppress(Exception):

@@ -16,6 +16,7 @@ from mesh.cli.context import Context
 from mesh.cli.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from mesh.client import MeshClient
 from mesh.connect import ClientTls, TlsConfigError, close_quietly, connect
+from mesh.refusals import Refused
 from mesh.schema import ApiError, ErrorCode
 from mesh.security.identity import Identity, IdentityError
 from workloads.quantity import SpecError
@@ -32,10 +33,13 @@ async def client_command(args: argparse.Namespace, ctx: Context) -> int:
         nc = await connect(
             ctx.url, name="mesh-cli", reconnect=False, connect_timeout=2.0, **options
         )
+    except Refused as exc:  # a configuration mistake: the message says which and its fix
+        print(f"mesh: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
     except Exception as exc:
         print(
             f"cannot reach NATS at {ctx.url}: {exc or type(exc).__name__} "
-            "(is `mesh up` running? set --nats or MESH_NATS_URL)",
+            "(is `mesh up` running? set --nats or MESH_NATS_URL, or `mesh context use NAME`)",
             file=sys.stderr,
         )
         return EXIT_UNREACHABLE
@@ -44,6 +48,9 @@ async def client_command(args: argparse.Namespace, ctx: Context) -> int:
         if args.cmd == "infer":
             return await _infer(args, client, ctx.url, options.get("tls"))
         return await _dispatch(args, client)
+    except Refused as exc:
+        print(f"mesh: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
     except ApiError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return (

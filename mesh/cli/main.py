@@ -10,20 +10,23 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from mesh import logs
+from mesh import logs, subjects
 from mesh.cli import certs, commands, completion, contexts, infer, load, output, servers
 from mesh.cli import install as agent_install
 from mesh.cli.context import LOCAL, ContextError, ContextStore, load_context, read_store
 from mesh.cli.exitcodes import EXIT_OK, EXIT_USAGE
 from mesh.cli.parser import build_parser
 from mesh.connect import TlsConfigError
+from mesh.refusals import Refused
 from mesh.security.identity import IdentityError
+from mesh.subjects import SubjectError
 from workloads.model import parse_model_spec
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.log_level = args.log_level or logs.default_level(args.cmd)
     logs.setup(args.log_level)
     output.normalise(args)
     if args.cmd == "completion":
@@ -51,6 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     except ContextError as exc:
         print(f"mesh: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if not subjects.is_token(ctx.region):  # one subject token: `a.b` would widen subjects
+        print(
+            f"mesh: region {ctx.region!r} (from --region, MESH_REGION or the context) must "
+            "be 1-64 letters, digits, '_' or '-'",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         if args.cmd == "certs":
             return certs.run(args, args.certs, ctx.region)
@@ -67,8 +77,11 @@ def main(argv: list[str] | None = None) -> int:
                 return asyncio.run(servers.agent(args, ctx))
             if args.cmd == "coordinator":
                 return asyncio.run(servers.coordinator(args, ctx))
-        except (TlsConfigError, IdentityError) as exc:
+        except (TlsConfigError, IdentityError, SubjectError) as exc:
             print(f"mesh {args.cmd}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except Refused as exc:  # permission, authorization or TLS: the fix is in the text
+            print(f"mesh {args.cmd}: {exc.message}", file=sys.stderr)
             return EXIT_USAGE
         if args.cmd == "load":
             try:  # before connecting: a bad value needs no mesh to be reported

@@ -55,7 +55,15 @@ def add_global_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
                 "help": "output format: table (default), json, yaml, or wide (every column)",
             },
         ),
-        (("--log-level",), {"metavar": "LEVEL", "help": "log level (default warning)"}),
+        (
+            ("--log-level",),
+            {
+                "type": str.lower,
+                "choices": ["debug", "info", "warning", "error", "critical"],
+                "help": "debug, info, warning or error (default: info for agent, "
+                "coordinator and up; warning for client commands)",
+            },
+        ),
     ]
     taken = p._option_string_actions
     for names, kw in flags:
@@ -63,8 +71,6 @@ def add_global_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
             continue
         if suppress:
             kw = {**kw, "default": argparse.SUPPRESS}
-        elif names == ("--log-level",):
-            kw = {**kw, "default": "warning"}
         g.add_argument(*names, **kw)
 
 

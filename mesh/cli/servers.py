@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 import sys
 import uuid
@@ -103,7 +104,7 @@ async def agent(args: argparse.Namespace, ctx: Context) -> int:
             prefix=args.prefix,
             tls=ctx.tls(Identity.fleet(args.prefix)),
         )
-        await fleet.start()
+        await _start(fleet)
         try:
             await _until_signal()
         finally:
@@ -141,7 +142,7 @@ async def agent(args: argparse.Namespace, ctx: Context) -> int:
         )
     )
     try:
-        await agent.start()
+        await _start(agent)
     except AgentStartError as exc:
         print(f"mesh agent: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -184,9 +185,21 @@ async def coordinator(args: argparse.Namespace, ctx: Context) -> int:
             connect_options=ctx.connect_options(Identity.coordinator()),
         )
     )
-    await coord.start()
+    await _start(coord)
     try:
         await _until_signal()
     finally:
         await coord.stop()
     return EXIT_OK
+
+
+async def _start(service) -> None:
+    """Start an agent or coordinator; if that fails, release what it had opened before
+    the error goes up (to `main`, which prints it on one line and exits non-zero, so a
+    supervisor restarts or reports the process)."""
+    try:
+        await service.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(service.stop(), 5.0)
+        raise

@@ -24,6 +24,7 @@ from mesh import subjects
 from mesh.cli.certs import fleet_node_ids
 from mesh.client import MeshClient
 from mesh.connect import ClientTls, close_quietly, connect
+from mesh.refusals import AuthorizationRefused
 from mesh.security import pki
 from mesh.security.identity import Identity
 from mesh.security.permissions import server_users
@@ -164,7 +165,7 @@ async def test_certificate_from_another_ca_is_refused(secure_server, certs, tmp_
 async def test_a_certificate_with_no_user_is_refused(secure_server, certs):
     pki.issue(certs, Identity.agent("late"))  # signed by the CA, not in the server's users
     try:
-        with pytest.raises(REFUSED, match="Authorization Violation"):
+        with pytest.raises(AuthorizationRefused, match="no user for agent:late"):
             await connect(
                 secure_server.url,
                 name="late",
@@ -363,9 +364,11 @@ def test_mesh_up_is_secure_by_default(tmp_path):
         done = run_mesh("job", "run", str(spec), "--wait", "--timeout", "20", env=env, timeout=30.0)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "SUCCEEDED" in done.stdout
-        # Without the context's certificates the same mesh refuses the CLI.
+        # Without the context's certificates the same mesh refuses the CLI, which says
+        # where certificates are given.
         refused = run_mesh("--insecure", "node", "list", env=env, timeout=30.0)
-        assert refused.returncode == 3, refused.stderr
+        assert refused.returncode == 2, refused.stderr
+        assert "--certs DIR" in refused.stderr
         assert time.monotonic() - t0 < 30
     finally:
         _down(proc)
