@@ -256,6 +256,7 @@ def _nats_conf(args: argparse.Namespace, d: str, region: str) -> int:
         pid_file=args.pid_file,
         fleet_nodes=args.fleet_nodes,
     )
+    _say_missing_dirs(conf)
     if args.out_file:
         write_atomically(args.out_file, conf.render())
         print(conf.summary(str(Path(args.out_file).absolute())), file=sys.stderr)
@@ -266,6 +267,18 @@ def _nats_conf(args: argparse.Namespace, d: str, region: str) -> int:
         pid = reload_server(conf.pid_file)
         print(f"nats-conf: reload signalled to nats-server pid {pid}", file=sys.stderr)
     return 0
+
+
+def _say_missing_dirs(conf: NatsConf) -> None:
+    """nats-server stops at start (`Could not write pidfile`) when the pid file's folder
+    is missing; the config is often made on the host that runs it, so say so now."""
+    for d in dict.fromkeys((Path(conf.config.store_dir), Path(conf.pid_file).parent)):
+        if not d.is_dir():
+            print(
+                f"nats-conf: note: {d} does not exist here; nats-server needs it before it "
+                f"starts (mkdir -p {d})",
+                file=sys.stderr,
+            )
 
 
 def _bundle(args: argparse.Namespace, d: str) -> int:

@@ -69,6 +69,7 @@ class SecureNats:
 
     def start(self) -> SecureNats:
         self.configure()
+        (self.tmp / "store").mkdir(exist_ok=True)  # where the config's pid file goes
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [find_server_binary(), "-c", str(self.conf)],

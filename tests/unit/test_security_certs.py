@@ -126,10 +126,14 @@ def test_nats_conf_flags_and_file(tmp_path, capsys):
     assert f'pid_file: "{tmp_path / "js" / "nats-server.pid"}"' in text
     assert '"CN=agent:gpu-07"' in text
     assert f"wrote {conf}" in out.err and "agent: gpu-07" in out.err
+    assert f"note: {tmp_path / 'js'} does not exist here" in out.err
     assert not list(tmp_path.glob(".nats.conf*"))  # the temporary file was renamed away
     pid = tmp_path / "run" / "n.pid"
+    (tmp_path / "js").mkdir()
     assert main([*argv, "--pid-file", str(pid)]) == 0
     assert f'pid_file: "{pid}"' in conf.read_text()
+    err = capsys.readouterr().err
+    assert "js does not exist" not in err and f"{pid.parent} does not exist here" in err
 
 
 def test_nats_conf_mistakes_exit_2(tmp_path, capsys):
