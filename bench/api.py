@@ -19,6 +19,12 @@ process. Three measurements:
    bare nats-py process on the same server), sequential and at the same concurrency, so
    `ratio` says how many plain round trips one submit costs.
 
+The region is secure, as `mesh up` runs it (TLS, client certificates, per-identity
+permissions, signed assignments), and so is the baseline: the bench submits as the
+region's user, the echo responder answers as the router identity on an inference
+subject the user may send to (no router runs here), both over the same TLS server; the
+log watcher reads the job log as the coordinator identity, the one that may.
+
 Targets (issue): submit->RUNNING p50 <= 50 ms, p99 <= 200 ms. Reported, never asserted.
 """
 
@@ -45,14 +51,17 @@ from bench._util import (
     survivors,
     with_state_dir,
 )
-from mesh.cli.launcher import LocalMesh, LocalMeshConfig
+from mesh import subjects
+from mesh.cli.launcher import ROUTER_NAME, LocalMesh, LocalMeshConfig
 from mesh.client import MeshClient
 from mesh.codec import encode
 from mesh.connect import close_quietly, connect
 from mesh.schema import ApiError, SubmitRequest
+from mesh.security.identity import Identity
 
 REGION = "bench"
 ENDED = ("SUCCEEDED", "FAILED", "KILLED", "LOST")
+ECHO = subjects.infer(REGION, "bench-echo")  # the user may request, the router answer
 
 
 def latency_spec(command: list[str]) -> str:
@@ -99,14 +108,22 @@ def main(argv: list[str]) -> dict:
 
 def _main(args: argparse.Namespace, state_dir: Path) -> dict:
     mesh = LocalMesh(
-        LocalMeshConfig(state_dir=state_dir, region=REGION, candidates=2, real_agent=True, port=0)
+        LocalMeshConfig(
+            state_dir=state_dir,
+            region=REGION,
+            candidates=2,
+            real_agent=True,
+            port=0,
+            sim_nodes=args.sim_nodes,  # admitted now, started after the latency phase
+            start_sim_nodes=False,
+        )
     )
     echo = None
     pids: list[int] = []
     try:
         mesh.start()
         pids = [mesh.server.proc.pid, *(p.pid for p in mesh.children.values())]
-        echo = start_echo(mesh.url, "bench.echo")
+        echo = start_echo(mesh.url, ECHO, tls=mesh.tls(Identity.router(ROUTER_NAME)))
         pids.append(echo.pid)
         result = asyncio.run(_run(args, mesh, pids))
     finally:
@@ -125,11 +142,13 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, pids: list[int]) -> di
     info = await mesh.wait_ready()
     print(
         f"{machine()}, load {load_start}; mesh ready in {time.monotonic() - t0:.1f}s: "
-        f"{mesh.url}, leader {info['leader']}, nodes {info['nodes']}"
+        f"{mesh.url}, leader {info['leader']}, nodes {info['nodes']}; secure region "
+        f"(TLS, certificates, permissions) and echo baseline over the same TLS"
     )
-    nc = await connect(mesh.url, name="bench-api")
+    nc = await connect(mesh.url, name="bench-api", **mesh.client_options())
     client = MeshClient(nc, REGION, timeout=10.0)
-    watcher = LogWatcher(nc.jetstream(timeout=5.0), REGION)
+    log_nc = await connect(mesh.url, name="bench-api-log", tls=mesh.tls(Identity.coordinator()))
+    watcher = LogWatcher(log_nc.jetstream(timeout=5.0), REGION)
     await watcher.start()
     try:
         spec = latency_spec(args.command.split())
@@ -150,6 +169,7 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, pids: list[int]) -> di
         info = await client.cluster_info()
     finally:
         await watcher.stop()
+        await close_quietly(log_nc)
         await close_quietly(nc)
 
     return {
@@ -166,6 +186,7 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, pids: list[int]) -> di
             "sim_nodes": args.sim_nodes,
             "sim_duration_s": args.sim_duration,
             "candidates": 2,
+            "secure": True,
         },
         "submit_to_running_ms": run,
         "submit_ack_ms": ack,
@@ -186,11 +207,11 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, pids: list[int]) -> di
 
 async def _echo_sequential(nc, payload: bytes, n: int) -> dict:
     for _ in range(max(20, n // 10)):  # warm-up
-        await nc.request("bench.echo", payload, timeout=5.0)
+        await nc.request(ECHO, payload, timeout=5.0)
     rtts = []
     for _ in range(n):
         t = time.perf_counter()
-        await nc.request("bench.echo", payload, timeout=5.0)
+        await nc.request(ECHO, payload, timeout=5.0)
         rtts.append(time.perf_counter() - t)
     return summary_ms(rtts, 3)
 
@@ -265,9 +286,9 @@ async def _throughput(
 ) -> list[dict]:
     if not args.levels:
         return []
-    # Hollow nodes only now, so the latency phase ran on the plain region; spawned the
-    # way LocalMesh spawns its own (`sim_nodes`), so `mesh.stop()` stops them too.
-    hollow = mesh._spawn("hollow", ["agent", "--simulate", str(args.sim_nodes)])
+    # Hollow nodes only now, so the latency phase ran on the plain region; LocalMesh
+    # admitted them at start and `mesh.stop()` stops them too.
+    hollow = mesh.start_hollow()
     pids.append(hollow.pid)
     await _wait_nodes(client, 1 + args.sim_nodes)
     leader = (await client.cluster_info())["leader"]
@@ -373,7 +394,7 @@ async def _echo_window(nc, payload: bytes, level: int, window: float) -> dict:
     async def worker() -> None:
         while time.perf_counter() < stop_at:
             t = time.perf_counter()
-            await nc.request("bench.echo", payload, timeout=5.0)
+            await nc.request(ECHO, payload, timeout=5.0)
             lat.append(time.perf_counter() - t)
 
     await asyncio.gather(*(worker() for _ in range(level)))
