@@ -24,6 +24,7 @@ permissions, signed assignments), and so is the baseline: the bench submits as t
 region's user, the echo responder answers as the router identity on an inference
 subject the user may send to (no router runs here), both over the same TLS server; the
 log watcher reads the job log as the coordinator identity, the one that may.
+`--insecure` runs both without TLS or permissions, as the first recorded runs did.
 
 Targets (issue): submit->RUNNING p50 <= 50 ms, p99 <= 200 ms. Reported, never asserted.
 """
@@ -92,11 +93,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--window", type=float, default=10.0, help="seconds per throughput window")
     p.add_argument("--sim-nodes", type=int, default=4, help="hollow nodes for the throughput jobs")
     p.add_argument("--sim-duration", type=float, default=0.5, help="simulated job length, s")
-    p.add_argument("--quick", action="store_true", help="30 jobs, 3 s windows, 200 echoes")
+    p.add_argument("--quick", action="store_true", help="10 jobs, 1 s windows, 100 echoes")
     p.add_argument("--state-dir", help="keep state and logs here (default: a temp dir)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="the region and the echo baseline without TLS or permissions (`mesh up --insecure`; "
+        "how the figures before the secure default were taken)",
+    )
     args = p.parse_args(argv)
     if args.quick:
-        args.jobs, args.warmup, args.echo, args.window = 30, 5, 200, 3.0
+        args.jobs, args.warmup, args.echo, args.window = 10, 2, 100, 1.0
     args.levels = [int(x) for x in args.concurrency.split(",") if x]
     return args
 
@@ -116,6 +123,7 @@ def _main(args: argparse.Namespace, state_dir: Path) -> dict:
             port=0,
             sim_nodes=args.sim_nodes,  # admitted now, started after the latency phase
             start_sim_nodes=False,
+            secure=not args.insecure,
         )
     )
     echo = None
@@ -142,8 +150,7 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, pids: list[int]) -> di
     info = await mesh.wait_ready()
     print(
         f"{machine()}, load {load_start}; mesh ready in {time.monotonic() - t0:.1f}s: "
-        f"{mesh.url}, leader {info['leader']}, nodes {info['nodes']}; secure region "
-        f"(TLS, certificates, permissions) and echo baseline over the same TLS"
+        f"{mesh.url}, leader {info['leader']}, nodes {info['nodes']}; {_security(mesh)}"
     )
     nc = await connect(mesh.url, name="bench-api", **mesh.client_options())
     client = MeshClient(nc, REGION, timeout=10.0)
@@ -186,7 +193,7 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, pids: list[int]) -> di
             "sim_nodes": args.sim_nodes,
             "sim_duration_s": args.sim_duration,
             "candidates": 2,
-            "secure": True,
+            "secure": mesh.certs_dir is not None,
         },
         "submit_to_running_ms": run,
         "submit_ack_ms": ack,
@@ -203,6 +210,12 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, pids: list[int]) -> di
             "running_p99_le_200ms": bool(run.get("p99", 1e9) <= 200.0),
         },
     }
+
+
+def _security(mesh: LocalMesh) -> str:
+    if mesh.certs_dir is None:
+        return "INSECURE region (--insecure): no TLS, no permissions, echo baseline alike"
+    return "secure region (TLS, certificates, permissions), echo baseline over the same TLS"
 
 
 async def _echo_sequential(nc, payload: bytes, n: int) -> dict:

@@ -15,7 +15,7 @@ Baselines, in the same run and window:
   and bookkeeping.
 The coordinator leader and follower and nats-server are reported for context.
 
-The region is secure, as `mesh up` runs it, and the baselines connect over the same TLS
+The region is secure, as `mesh up` runs it (`--insecure`: neither), and the baselines connect over the same TLS
 with client certificates: the idle client as the region's user, the publisher as the
 router identity (to a worker subject nobody listens on: no router or worker runs here).
 
@@ -76,11 +76,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--seconds", type=float, default=30.0, help="sampling window")
     p.add_argument("--settle", type=float, default=5.0, help="idle seconds before sampling")
-    p.add_argument("--quick", action="store_true", help="10 s window, 3 s settle")
+    p.add_argument("--quick", action="store_true", help="3 s window, 1 s settle")
     p.add_argument("--state-dir", help="keep state and logs here (default: a temp dir)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="the region and the baselines without TLS or permissions (`mesh up --insecure`; "
+        "how the figures before the secure default were taken)",
+    )
     args = p.parse_args(argv)
     if args.quick:
-        args.seconds, args.settle = 10.0, 3.0
+        args.seconds, args.settle = 3.0, 1.0
     return args
 
 
@@ -101,7 +107,14 @@ def _bare(url: str, size: int, tls: ClientTls | None) -> subprocess.Popen[bytes]
 
 def _main(args: argparse.Namespace, state_dir: Path) -> dict:
     mesh = LocalMesh(
-        LocalMeshConfig(state_dir=state_dir, region=REGION, candidates=2, real_agent=True, port=0)
+        LocalMeshConfig(
+            state_dir=state_dir,
+            region=REGION,
+            candidates=2,
+            real_agent=True,
+            port=0,
+            secure=not args.insecure,
+        )
     )
     bare: list[subprocess.Popen[bytes]] = []
     pids: list[int] = []
@@ -145,7 +158,8 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, bare: list) -> dict:
     bare += [_bare(mesh.url, 0, user), _bare(mesh.url, size, router)]
     print(
         f"{machine()}, load {load_start}; mesh ready (leader {leader}, nodes {info['nodes']}); "
-        f"agent state message {size} B; settling {args.settle}s, sampling {args.seconds}s"
+        f"agent state message {size} B; settling {args.settle}s, sampling {args.seconds}s; "
+        + ("secure region, baselines over the same TLS" if mesh.certs_dir else "INSECURE region")
     )
     await asyncio.sleep(args.settle)
     procs = {
@@ -178,7 +192,7 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, bare: list) -> dict:
             "settle_s": args.settle,
             "heartbeat_s": 1.0,
             "state_message_bytes": size,
-            "secure": True,
+            "secure": mesh.certs_dir is not None,
         },
         "processes": out,
         "agent_rss_mib": agent["rss_mib_max"],
