@@ -15,9 +15,10 @@ Baselines, in the same run and window:
   and bookkeeping.
 The coordinator leader and follower and nats-server are reported for context.
 
-The region is secure, as `mesh up` runs it (`--insecure`: neither), and the baselines connect over the same TLS
+The region is secure, as `mesh up` runs it, and the baselines connect over the same TLS
 with client certificates: the idle client as the region's user, the publisher as the
 router identity (to a worker subject nobody listens on: no router or worker runs here).
+`--insecure` runs all of it without TLS or permissions, as the first recorded runs did.
 
 Targets (issue): agent RSS <= 60 MB, idle CPU <= 1 %. Reported, never asserted.
 """
