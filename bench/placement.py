@@ -735,10 +735,13 @@ def main(argv: list[str]) -> dict:
     )
     p.add_argument("--phases", default="core,rounds,durable,e2e,ray")
     p.add_argument("--state-dir", help="keep logs here (default: a temporary directory)")
-    p.add_argument("--quick", action="store_true", help="500 nodes, 5,000 tasks")
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke run: 200 nodes, 2,000 tasks, 3 s latency"
+    )
     args = p.parse_args(argv)
     if args.quick:
-        args.nodes, args.backlog, args.e2e, args.latency_s = 500, 5000, 5000, 5.0
+        args.nodes, args.backlog, args.e2e, args.latency_s = 200, 2000, 2000, 3.0
+        args.baseline_tasks = 300
     args.phases = set(args.phases.split(","))
     args.sync = None if args.sync == "default" else args.sync
     return with_state_dir(
