@@ -80,11 +80,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--drain", type=float, default=120.0, help="seconds to let jobs end")
     p.add_argument("--state-dir", help="keep state, logs and evidence here (default: temp)")
     p.add_argument(
-        "--quick", action="store_true", help="a smoke run: 12 s, 20 nodes, a kill every 4 s"
+        "--quick", action="store_true", help="a smoke run: 9 s, 20 nodes, a kill every 3 s"
     )
     args = p.parse_args(argv)
     if args.quick:
-        args.minutes, args.nodes, args.rate, args.kill_every, args.drain = 0.2, 20, 4.0, 4.0, 30.0
+        args.minutes, args.nodes, args.rate, args.kill_every, args.drain = 0.15, 20, 4.0, 3.0, 30.0
     return args
 
 

@@ -218,9 +218,9 @@ def main(argv: list[str]) -> dict:
         ap.error("--plot needs matplotlib: pip install -e '.[bench]' (or `make bench`)")
 
     quick = args.quick
-    seeds = tuple(range(args.seeds if args.seeds else (2 if quick else 5)))
-    steps = 6 if quick else 9
-    duration = args.duration if args.duration else (2.5 if quick else 4.0)
+    seeds = tuple(range(args.seeds if args.seeds else (1 if quick else 5)))
+    steps = 4 if quick else 9
+    duration = args.duration if args.duration else (2.0 if quick else 4.0)
     sc = Scenario(
         n_models=args.models,
         n_gpus=args.gpus,
@@ -280,10 +280,10 @@ def main(argv: list[str]) -> dict:
         args.models,
         args.gpus,
         knees.get(("ours", 1.0), 4000.0),
-        3.0 if quick else 10.0,
+        1.0 if quick else 10.0,
         args.profile,
     )
-    big = decisions_per_second(256, 64, 40_000.0, 1.0 if quick else 2.0, args.profile)
+    big = decisions_per_second(256, 64, 40_000.0, 0.5 if quick else 2.0, args.profile)
     print(
         f"router core, one core: {core['decisions_per_s']} decisions/s "
         f"({core['us_per_decision']} us each) at {args.models} models / {args.gpus} GPUs; "
