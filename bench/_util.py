@@ -24,6 +24,7 @@ from nats.js.api import DeliverPolicy
 
 from mesh import subjects
 from mesh.codec import WireError, decode
+from mesh.connect import ClientTls
 from mesh.schema import JobSubmitted, LeaderElected, LogEntry, TaskPlaced, TaskUpdated
 
 # ---------------------------------------------------------------- statistics
@@ -149,11 +150,27 @@ def descendants(pid: int) -> list[int]:
         return []
 
 
-ECHO_SERVER = r"""
-import asyncio, sys, nats
+# A bare nats-py client's connection options from argv: none, or CA, certificate, key
+# and inbox prefix, for a secure region (the same TLS as `mesh.connect.ClientTls`).
+BARE_CONNECT = r"""
+import ssl, nats
+def bare_connect(url, tls_args):
+    if not tls_args:
+        return nats.connect(url)
+    ca, cert, key, inbox = tls_args
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    return nats.connect(url.replace("nats://", "tls://"), tls=ctx, inbox_prefix=inbox)
+"""
+
+ECHO_SERVER = (
+    BARE_CONNECT
+    + r"""
+import asyncio, sys
 from inference.wire import run
 async def main():
-    nc = await nats.connect(sys.argv[1])
+    nc = await bare_connect(sys.argv[1], sys.argv[4:])
     async def echo(msg):
         await msg.respond(msg.data)
     await nc.subscribe(sys.argv[2], cb=echo)
@@ -162,13 +179,22 @@ async def main():
     await asyncio.Event().wait()
 run(main(), sys.argv[3])
 """
+)
 
 
-def start_echo(url: str, subject: str, event_loop: str = "asyncio") -> subprocess.Popen[bytes]:
+def tls_argv(tls: ClientTls | None) -> list[str]:
+    """The arguments a bare client script (`BARE_CONNECT`) takes for an identity."""
+    return [] if tls is None else [tls.ca, tls.cert, tls.key, tls.inbox_prefix]
+
+
+def start_echo(
+    url: str, subject: str, event_loop: str = "asyncio", tls: ClientTls | None = None
+) -> subprocess.Popen[bytes]:
     """A trivial request/reply responder in its own process (a bare nats-py client), on
-    the event loop a compared process uses (`inference.wire.run`)."""
+    the event loop a compared process uses (`inference.wire.run`), over TLS as `tls`'s
+    identity where the region is secure."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", ECHO_SERVER, url, subject, event_loop],
+        [sys.executable, "-c", ECHO_SERVER, url, subject, event_loop, *tls_argv(tls)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -176,8 +202,9 @@ def start_echo(url: str, subject: str, event_loop: str = "asyncio") -> subproces
     )
     line = proc.stdout.readline()  # blocks until it subscribed (or died)
     if line.strip() != b"ready":
+        rest = proc.stdout.read(4000) if proc.poll() is not None else b""
         stop_process(proc)
-        raise RuntimeError(f"echo responder did not start: {line!r}")
+        raise RuntimeError(f"echo responder did not start: {line + rest!r}")
     return proc
 
 

@@ -19,6 +19,13 @@ process. Three measurements:
    bare nats-py process on the same server), sequential and at the same concurrency, so
    `ratio` says how many plain round trips one submit costs.
 
+The region is secure, as `mesh up` runs it (TLS, client certificates, per-identity
+permissions, signed assignments), and so is the baseline: the bench submits as the
+region's user, the echo responder answers as the router identity on an inference
+subject the user may send to (no router runs here), both over the same TLS server; the
+log watcher reads the job log as the coordinator identity, the one that may.
+`--insecure` runs both without TLS or permissions, as the first recorded runs did.
+
 Targets (issue): submit->RUNNING p50 <= 50 ms, p99 <= 200 ms. Reported, never asserted.
 """
 
@@ -45,14 +52,17 @@ from bench._util import (
     survivors,
     with_state_dir,
 )
-from mesh.cli.launcher import LocalMesh, LocalMeshConfig
+from mesh import subjects
+from mesh.cli.launcher import ROUTER_NAME, LocalMesh, LocalMeshConfig
 from mesh.client import MeshClient
 from mesh.codec import encode
 from mesh.connect import close_quietly, connect
 from mesh.schema import ApiError, SubmitRequest
+from mesh.security.identity import Identity
 
 REGION = "bench"
 ENDED = ("SUCCEEDED", "FAILED", "KILLED", "LOST")
+ECHO = subjects.infer(REGION, "bench-echo")  # the user may request, the router answer
 
 
 def latency_spec(command: list[str]) -> str:
@@ -83,11 +93,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--window", type=float, default=10.0, help="seconds per throughput window")
     p.add_argument("--sim-nodes", type=int, default=4, help="hollow nodes for the throughput jobs")
     p.add_argument("--sim-duration", type=float, default=0.5, help="simulated job length, s")
-    p.add_argument("--quick", action="store_true", help="30 jobs, 3 s windows, 200 echoes")
+    p.add_argument("--quick", action="store_true", help="10 jobs, 1 s windows, 100 echoes")
     p.add_argument("--state-dir", help="keep state and logs here (default: a temp dir)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="the region and the echo baseline without TLS or permissions (`mesh up --insecure`; "
+        "how the figures before the secure default were taken)",
+    )
     args = p.parse_args(argv)
     if args.quick:
-        args.jobs, args.warmup, args.echo, args.window = 30, 5, 200, 3.0
+        args.jobs, args.warmup, args.echo, args.window = 10, 2, 100, 1.0
     args.levels = [int(x) for x in args.concurrency.split(",") if x]
     return args
 
@@ -99,14 +115,23 @@ def main(argv: list[str]) -> dict:
 
 def _main(args: argparse.Namespace, state_dir: Path) -> dict:
     mesh = LocalMesh(
-        LocalMeshConfig(state_dir=state_dir, region=REGION, candidates=2, real_agent=True, port=0)
+        LocalMeshConfig(
+            state_dir=state_dir,
+            region=REGION,
+            candidates=2,
+            real_agent=True,
+            port=0,
+            sim_nodes=args.sim_nodes,  # admitted now, started after the latency phase
+            start_sim_nodes=False,
+            secure=not args.insecure,
+        )
     )
     echo = None
     pids: list[int] = []
     try:
         mesh.start()
         pids = [mesh.server.proc.pid, *(p.pid for p in mesh.children.values())]
-        echo = start_echo(mesh.url, "bench.echo")
+        echo = start_echo(mesh.url, ECHO, tls=mesh.tls(Identity.router(ROUTER_NAME)))
         pids.append(echo.pid)
         result = asyncio.run(_run(args, mesh, pids))
     finally:
@@ -125,11 +150,12 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, pids: list[int]) -> di
     info = await mesh.wait_ready()
     print(
         f"{machine()}, load {load_start}; mesh ready in {time.monotonic() - t0:.1f}s: "
-        f"{mesh.url}, leader {info['leader']}, nodes {info['nodes']}"
+        f"{mesh.url}, leader {info['leader']}, nodes {info['nodes']}; {_security(mesh)}"
     )
-    nc = await connect(mesh.url, name="bench-api")
+    nc = await connect(mesh.url, name="bench-api", **mesh.client_options())
     client = MeshClient(nc, REGION, timeout=10.0)
-    watcher = LogWatcher(nc.jetstream(timeout=5.0), REGION)
+    log_nc = await connect(mesh.url, name="bench-api-log", tls=mesh.tls(Identity.coordinator()))
+    watcher = LogWatcher(log_nc.jetstream(timeout=5.0), REGION)
     await watcher.start()
     try:
         spec = latency_spec(args.command.split())
@@ -150,6 +176,7 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, pids: list[int]) -> di
         info = await client.cluster_info()
     finally:
         await watcher.stop()
+        await close_quietly(log_nc)
         await close_quietly(nc)
 
     return {
@@ -166,6 +193,7 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, pids: list[int]) -> di
             "sim_nodes": args.sim_nodes,
             "sim_duration_s": args.sim_duration,
             "candidates": 2,
+            "secure": mesh.certs_dir is not None,
         },
         "submit_to_running_ms": run,
         "submit_ack_ms": ack,
@@ -184,13 +212,19 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, pids: list[int]) -> di
     }
 
 
+def _security(mesh: LocalMesh) -> str:
+    if mesh.certs_dir is None:
+        return "INSECURE region (--insecure): no TLS, no permissions, echo baseline alike"
+    return "secure region (TLS, certificates, permissions), echo baseline over the same TLS"
+
+
 async def _echo_sequential(nc, payload: bytes, n: int) -> dict:
     for _ in range(max(20, n // 10)):  # warm-up
-        await nc.request("bench.echo", payload, timeout=5.0)
+        await nc.request(ECHO, payload, timeout=5.0)
     rtts = []
     for _ in range(n):
         t = time.perf_counter()
-        await nc.request("bench.echo", payload, timeout=5.0)
+        await nc.request(ECHO, payload, timeout=5.0)
         rtts.append(time.perf_counter() - t)
     return summary_ms(rtts, 3)
 
@@ -265,9 +299,9 @@ async def _throughput(
 ) -> list[dict]:
     if not args.levels:
         return []
-    # Hollow nodes only now, so the latency phase ran on the plain region; spawned the
-    # way LocalMesh spawns its own (`sim_nodes`), so `mesh.stop()` stops them too.
-    hollow = mesh._spawn("hollow", ["agent", "--simulate", str(args.sim_nodes)])
+    # Hollow nodes only now, so the latency phase ran on the plain region; LocalMesh
+    # admitted them at start and `mesh.stop()` stops them too.
+    hollow = mesh.start_hollow()
     pids.append(hollow.pid)
     await _wait_nodes(client, 1 + args.sim_nodes)
     leader = (await client.cluster_info())["leader"]
@@ -373,7 +407,7 @@ async def _echo_window(nc, payload: bytes, level: int, window: float) -> dict:
     async def worker() -> None:
         while time.perf_counter() < stop_at:
             t = time.perf_counter()
-            await nc.request("bench.echo", payload, timeout=5.0)
+            await nc.request(ECHO, payload, timeout=5.0)
             lat.append(time.perf_counter() - t)
 
     await asyncio.gather(*(worker() for _ in range(level)))

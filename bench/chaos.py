@@ -79,7 +79,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--drain", type=float, default=120.0, help="seconds to let jobs end")
     p.add_argument("--state-dir", help="keep state, logs and evidence here (default: temp)")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke run: 9 s, 20 nodes, a kill every 3 s"
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        args.minutes, args.nodes, args.rate, args.kill_every, args.drain = 0.15, 20, 4.0, 3.0, 30.0
+    return args
 
 
 class Chaos:
@@ -350,6 +356,10 @@ async def _run(args: argparse.Namespace, chaos: Chaos) -> dict:
             )
         f.write(json.dumps({"kind": "result", **result}, default=str) + "\n")
     result["evidence"] = str(evidence)
+    result["targets"] = {
+        "lost_eq_0": result["jobs_lost"] == 0,
+        "ran_twice_eq_0": result["tasks_ran_twice"] == 0,
+    }
     print(f"evidence: {evidence}")
     print(
         f"acknowledged {len(acked)}, lost {result['jobs_lost']}, ran twice "

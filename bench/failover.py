@@ -76,11 +76,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="the probe's request timeout, s (short: a request lost with the "
         "killed leader costs the measurement little)",
     )
-    p.add_argument("--quick", action="store_true", help="3 kills")
+    p.add_argument("--quick", action="store_true", help="1 kill")
     p.add_argument("--state-dir", help="keep state and logs here (default: a temp dir)")
     args = p.parse_args(argv)
     if args.quick:
-        args.kills = 3
+        args.kills = 1
     return args
 
 

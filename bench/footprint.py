@@ -15,6 +15,11 @@ Baselines, in the same run and window:
   and bookkeeping.
 The coordinator leader and follower and nats-server are reported for context.
 
+The region is secure, as `mesh up` runs it, and the baselines connect over the same TLS
+with client certificates: the idle client as the region's user, the publisher as the
+router identity (to a worker subject nobody listens on: no router or worker runs here).
+`--insecure` runs all of it without TLS or permissions, as the first recorded runs did.
+
 Targets (issue): agent RSS <= 60 MB, idle CPU <= 1 %. Reported, never asserted.
 """
 
@@ -29,32 +34,41 @@ import time
 from pathlib import Path
 
 from bench._util import (
+    BARE_CONNECT,
     loadavg,
     machine,
     ratio,
     sample_processes,
     stop_process,
     survivors,
+    tls_argv,
     with_state_dir,
 )
 from mesh import subjects
-from mesh.cli.launcher import LocalMesh, LocalMeshConfig
+from mesh.cli.launcher import ROUTER_NAME, LocalMesh, LocalMeshConfig
 from mesh.client import MeshClient
-from mesh.connect import close_quietly, connect
+from mesh.connect import ClientTls, close_quietly, connect
+from mesh.security.identity import Identity
+from mesh.security.permissions import infer_worker_all
 
 REGION = "bench"
 
-BARE_CLIENT = r"""
-import asyncio, sys, nats
+BARE_CLIENT = (
+    BARE_CONNECT
+    + r"""
+import asyncio, sys
 async def main():
-    nc = await nats.connect(sys.argv[1])
+    nc = await bare_connect(sys.argv[1], sys.argv[4:])
     size = int(sys.argv[2])
     while True:
         if size:
-            await nc.publish("bench.footprint.state", b"x" * size)
+            await nc.publish(sys.argv[3], b"x" * size)
         await asyncio.sleep(1.0)
 asyncio.run(main())
 """
+)
+# A worker's batch subject, which the router identity may publish to.
+PUBLISH_TO = infer_worker_all(REGION).rsplit(".", 1)[0] + ".footprint"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -63,11 +77,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--seconds", type=float, default=30.0, help="sampling window")
     p.add_argument("--settle", type=float, default=5.0, help="idle seconds before sampling")
-    p.add_argument("--quick", action="store_true", help="10 s window, 3 s settle")
+    p.add_argument("--quick", action="store_true", help="3 s window, 1 s settle")
     p.add_argument("--state-dir", help="keep state and logs here (default: a temp dir)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="the region and the baselines without TLS or permissions (`mesh up --insecure`; "
+        "how the figures before the secure default were taken)",
+    )
     args = p.parse_args(argv)
     if args.quick:
-        args.seconds, args.settle = 10.0, 3.0
+        args.seconds, args.settle = 3.0, 1.0
     return args
 
 
@@ -76,9 +96,9 @@ def main(argv: list[str]) -> dict:
     return with_state_dir(args.state_dir, "mesh-bench-footprint-", lambda d: _main(args, d))
 
 
-def _bare(url: str, size: int) -> subprocess.Popen[bytes]:
+def _bare(url: str, size: int, tls: ClientTls | None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-c", BARE_CLIENT, url, str(size)],
+        [sys.executable, "-c", BARE_CLIENT, url, str(size), PUBLISH_TO, *tls_argv(tls)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -88,7 +108,14 @@ def _bare(url: str, size: int) -> subprocess.Popen[bytes]:
 
 def _main(args: argparse.Namespace, state_dir: Path) -> dict:
     mesh = LocalMesh(
-        LocalMeshConfig(state_dir=state_dir, region=REGION, candidates=2, real_agent=True, port=0)
+        LocalMeshConfig(
+            state_dir=state_dir,
+            region=REGION,
+            candidates=2,
+            real_agent=True,
+            port=0,
+            secure=not args.insecure,
+        )
     )
     bare: list[subprocess.Popen[bytes]] = []
     pids: list[int] = []
@@ -117,16 +144,23 @@ async def _state_size(nc, node_id: str) -> int:
 async def _run(args: argparse.Namespace, mesh: LocalMesh, bare: list) -> dict:
     load_start = loadavg()
     info = await mesh.wait_ready()
-    nc = await connect(mesh.url, name="bench-footprint")
+    # The agent's state messages are the coordinators' to read; the API is the user's.
+    nc = await connect(mesh.url, name="bench-footprint", tls=mesh.tls(Identity.coordinator()))
     try:
         size = await _state_size(nc, mesh.node_id)
+    finally:
+        await close_quietly(nc)
+    nc = await connect(mesh.url, name="bench-footprint", **mesh.client_options())
+    try:
         leader = (await MeshClient(nc, REGION).cluster_info())["leader"]
     finally:
         await close_quietly(nc)
-    bare += [_bare(mesh.url, 0), _bare(mesh.url, size)]
+    user, router = mesh.tls(Identity.user(mesh.config.user)), mesh.tls(Identity.router(ROUTER_NAME))
+    bare += [_bare(mesh.url, 0, user), _bare(mesh.url, size, router)]
     print(
         f"{machine()}, load {load_start}; mesh ready (leader {leader}, nodes {info['nodes']}); "
-        f"agent state message {size} B; settling {args.settle}s, sampling {args.seconds}s"
+        f"agent state message {size} B; settling {args.settle}s, sampling {args.seconds}s; "
+        + ("secure region, baselines over the same TLS" if mesh.certs_dir else "INSECURE region")
     )
     await asyncio.sleep(args.settle)
     procs = {
@@ -159,6 +193,7 @@ async def _run(args: argparse.Namespace, mesh: LocalMesh, bare: list) -> dict:
             "settle_s": args.settle,
             "heartbeat_s": 1.0,
             "state_message_bytes": size,
+            "secure": mesh.certs_dir is not None,
         },
         "processes": out,
         "agent_rss_mib": agent["rss_mib_max"],

@@ -915,7 +915,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-live", action="store_true", help="in-process targets only")
     p.add_argument("--no-local", action="store_true", help="live API targets only")
-    return p.parse_args(argv)
+    p.add_argument("--quick", action="store_true", help="a smoke run: 300 cases per part")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.cases = 300
+    return args
 
 
 def _summary(tally: Tally) -> dict:
@@ -983,4 +987,5 @@ def main(argv: list[str]) -> dict:
         crashes += len(tally.crashes)
     result["crashes"] = crashes
     result["seconds"] = round(time.perf_counter() - t0, 2)
+    result["targets"] = {"crashes_eq_0": crashes == 0}
     return result

@@ -48,6 +48,7 @@ from bench._util import (
     summary_ms,
     with_state_dir,
 )
+from bench.placement_ray import RAY_MISSING, ray_gangs, ray_installed
 from coordinator.cluster import ClusterView, NodeView
 from coordinator.reconcile import reconcile
 from coordinator.scheduling import PlacementConfig, place_jobs
@@ -659,10 +660,6 @@ async def ours_gangs(args: argparse.Namespace, work: Path, gangs: list[list[int]
 
 
 async def ray_side_by_side(args: argparse.Namespace, work: Path) -> dict:
-    try:
-        from bench.placement_ray import ray_gangs
-    except ImportError as exc:
-        return {"skipped": f"bench.placement_ray unavailable: {exc}"}
     gangs = ray_gang_shapes(args.ray_gangs, args.seed, args.ray_nodes * args.ray_cpus)
     ours = await ours_gangs(args, work, gangs)
     ray = await asyncio.to_thread(ray_gangs, args.ray_nodes, args.ray_cpus, gangs, "PACK", "batch")
@@ -696,7 +693,10 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
     if "e2e" in args.phases:
         out["e2e"], out["latency"] = await e2e_and_latency(args, work)
     if "ray" in args.phases:
-        out["ray"] = await ray_side_by_side(args, work)
+        if args.quick and not ray_installed():
+            out["ray"] = {"not_run": RAY_MISSING}
+        else:
+            out["ray"] = await ray_side_by_side(args, work)
     out["loadavg_1m"] = loadavg()
     out["targets"] = {
         "placed_ge_10k_per_s": (out.get("durable", {}).get("tasks_per_s") or 0) >= 10_000,
@@ -735,10 +735,13 @@ def main(argv: list[str]) -> dict:
     )
     p.add_argument("--phases", default="core,rounds,durable,e2e,ray")
     p.add_argument("--state-dir", help="keep logs here (default: a temporary directory)")
-    p.add_argument("--quick", action="store_true", help="500 nodes, 5,000 tasks")
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke run: 200 nodes, 2,000 tasks, 3 s latency"
+    )
     args = p.parse_args(argv)
     if args.quick:
-        args.nodes, args.backlog, args.e2e, args.latency_s = 500, 5000, 5000, 5.0
+        args.nodes, args.backlog, args.e2e, args.latency_s = 200, 2000, 2000, 3.0
+        args.baseline_tasks = 300
     args.phases = set(args.phases.split(","))
     args.sync = None if args.sync == "default" else args.sync
     return with_state_dir(

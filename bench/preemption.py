@@ -62,9 +62,18 @@ class RunningWatch:
 
 
 def gang(name: str, pool: str, tasks: int, seconds: float) -> dict:
-    return {"name": name, "pool": pool, "tasks": [{
-        "role": "w", "count": tasks, "simulate": {"duration": f"{seconds}s"},
-        "resources": {"cpu": TASK_CPU, "memory": "1Gi"}}]}
+    return {
+        "name": name,
+        "pool": pool,
+        "tasks": [
+            {
+                "role": "w",
+                "count": tasks,
+                "simulate": {"duration": f"{seconds}s"},
+                "resources": {"cpu": TASK_CPU, "memory": "1Gi"},
+            }
+        ],
+    }
 
 
 async def run(args: argparse.Namespace, work: Path) -> dict:
@@ -72,10 +81,17 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
     procs = []
     try:
         url = server.url
-        procs.append(spawn(mesh_command(url, "default", "coordinator", "--id", "c1"),
-                           work / "coordinator.log"))
-        procs.append(spawn(mesh_command(url, "default", "agent", "--simulate", str(args.nodes)),
-                           work / "hollow.log"))
+        procs.append(
+            spawn(
+                mesh_command(url, "default", "coordinator", "--id", "c1"), work / "coordinator.log"
+            )
+        )
+        procs.append(
+            spawn(
+                mesh_command(url, "default", "agent", "--simulate", str(args.nodes)),
+                work / "hollow.log",
+            )
+        )
         nc = await connect(url, name="bench-preemption")
         client = MeshClient(nc, timeout=30.0)
         watch = RunningWatch()
@@ -92,15 +108,27 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
             await asyncio.sleep(0.5)
         startup = time.monotonic() - t0
         sub = await nc.jetstream().subscribe(
-            subjects.job_log("default"), stream=subjects.log_stream("default"),
-            ordered_consumer=True, deliver_policy=DeliverPolicy.NEW, cb=watch.on_msg)
+            subjects.job_log("default"),
+            stream=subjects.log_stream("default"),
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.NEW,
+            cb=watch.on_msg,
+        )
         nodes = await client.nodes()
         cores = sum(n["capacity"]["cpu"] for n in nodes) // 1000
         fifth = cores // 5
-        await client.pool_apply({"pools": {"/a": {"cpu": {"reservation": fifth}},
-                                           "/b": {"cpu": {"reservation": fifth}}}})
-        print(f"region: {args.nodes} hollow nodes, {cores} cores, up in {startup:.1f}s; "
-              f"/a and /b reserve {fifth} cores each")
+        await client.pool_apply(
+            {
+                "pools": {
+                    "/a": {"cpu": {"reservation": fifth}},
+                    "/b": {"cpu": {"reservation": fifth}},
+                }
+            }
+        )
+        print(
+            f"region: {args.nodes} hollow nodes, {cores} cores, up in {startup:.1f}s; "
+            f"/a and /b reserve {fifth} cores each"
+        )
 
         # Baseline: /a's gang on a region with room.
         baseline = []
@@ -111,16 +139,21 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
             await client.wait(job, timeout=60)
 
         # Fill the region from /b (a slot per node-fitting task), and queue more.
-        slots = sum(min(n["capacity"]["cpu"] // (TASK_CPU * 1000),
-                        n["capacity"]["memory"] // 2**30) for n in nodes)
+        slots = sum(
+            min(n["capacity"]["cpu"] // (TASK_CPU * 1000), n["capacity"]["memory"] // 2**30)
+            for n in nodes
+        )
         # Single-task jobs, so no slot is left over by a gang that does not fit.
         t_fill = time.monotonic()
         fill: list[str] = []
         count = int(slots * 1.1)
         for start in range(0, count, 64):
-            fill += await asyncio.gather(*(
-                client.submit(gang(f"fill-{i}", "/b", 1, 3600.0))
-                for i in range(start, min(count, start + 64))))
+            fill += await asyncio.gather(
+                *(
+                    client.submit(gang(f"fill-{i}", "/b", 1, 3600.0))
+                    for i in range(start, min(count, start + 64))
+                )
+            )
         while True:
             running = sum(len(watch.running.get(j, ())) for j in fill)
             if running >= slots or time.monotonic() - t_fill > 300:
@@ -134,20 +167,29 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
             t = time.perf_counter()
             job = await client.submit(gang(f"starved-{i}", "/a", args.gang, 1.0))
             starved.append(await watch.all_running(job, args.gang, 120) - t)
-            print(f"  round {i}: /a's {args.gang}-task gang RUNNING after "
-                  f"{starved[-1] * 1000:.0f} ms")
+            print(
+                f"  round {i}: /a's {args.gang}-task gang RUNNING after {starved[-1] * 1000:.0f} ms"
+            )
             await client.wait(job, timeout=120)
             await asyncio.sleep(2.0)  # /b takes the cores back before the next round
         await sub.unsubscribe()
         await close_quietly(nc)
         s, b = summary_ms(starved), summary_ms(baseline)
-        print(f"starved pool submit -> all RUNNING: p50 {s['p50']:.0f} ms, max {s['max']:.0f} ms "
-              f"(baseline with free cores: p50 {b['p50']:.0f} ms)")
+        print(
+            f"starved pool submit -> all RUNNING: p50 {s['p50']:.0f} ms, max {s['max']:.0f} ms "
+            f"(baseline with free cores: p50 {b['p50']:.0f} ms)"
+        )
         return {
-            "machine": machine(), "date": time.strftime("%Y-%m-%d"), "loadavg_1m": loadavg(),
-            "nodes": args.nodes, "cores": cores, "gang_tasks": args.gang, "slots": slots,
+            "machine": machine(),
+            "date": time.strftime("%Y-%m-%d"),
+            "loadavg_1m": loadavg(),
+            "nodes": args.nodes,
+            "cores": cores,
+            "gang_tasks": args.gang,
+            "slots": slots,
             "startup_s": round(startup, 1),
-            "starved_submit_to_running_ms": s, "baseline_free_region_ms": b,
+            "starved_submit_to_running_ms": s,
+            "baseline_free_region_ms": b,
             "ratio_p50_starved_over_baseline": ratio(s["p50"], b["p50"]),
             "targets": {"starved_le_2s": s["max"] <= 2000},
         }

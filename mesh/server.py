@@ -18,6 +18,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,9 +151,16 @@ class ServerConfig:
 class EmbeddedServer:
     """One nats-server child process with JetStream, on a free loopback port."""
 
-    def __init__(self, config: ServerConfig | None = None, *, binary: str | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig | None = None,
+        *,
+        binary: str | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
         self.config = config or ServerConfig()
         self.binary = binary or find_server_binary()
+        self.preexec_fn = preexec_fn  # e.g. mesh.cli.tether: end with the parent
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
@@ -182,6 +190,7 @@ class EmbeddedServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a Ctrl-C meant for us must not kill it before we stop it
+                preexec_fn=self.preexec_fn,
             )
         self._wait_ready(timeout)
         return self

@@ -3,7 +3,9 @@
 An embedded nats-server, coordinator candidates, one real agent for this machine and
 optionally a process of hollow nodes, each a child process started the way an
 operator would start it (`mesh coordinator`, `mesh agent`). `stop()` ends them all,
-children first, and leaves no process behind.
+children first, and leaves no process behind. Should this process die without
+`stop()` (SIGKILL, a crash), the children end too, running tasks included
+(`mesh.cli.tether`: a death signal from the kernel and a reaper process).
 
 Secure by default: on first start it makes a CA and certificates under
 `<state-dir>/certs` (`mesh certs init`), issues one for each child's identity, and
@@ -36,6 +38,7 @@ from agent.service import default_node_id
 from mesh.cli import infer
 from mesh.cli.certs import fleet_node_ids
 from mesh.cli.context import DEFAULT_USER, Context
+from mesh.cli.tether import Reaper, death_signal_preexec
 from mesh.client import MeshClient
 from mesh.connect import ClientTls, close_quietly, connect
 from mesh.security import pki
@@ -64,6 +67,9 @@ class LocalMeshConfig:
     nats_servers: int = 1  # 3: a cluster on loopback, streams with 3 replicas
     user: str = DEFAULT_USER  # the identity the CLI (and `wait_ready`) acts as
     inference_workers: int = 0  # > 0: a router, and the numpy model on N local workers
+    # False: sim_nodes are admitted (identity, permissions) but only `start_hollow()`
+    # starts them, e.g. after a measurement on the plain region
+    start_sim_nodes: bool = True
 
 
 class LocalMesh:
@@ -71,6 +77,7 @@ class LocalMesh:
         self.config = config
         self.servers: list[EmbeddedServer] = []
         self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.reaper: Reaper | None = None
         self.node_id = default_node_id()
         self.certs_dir: Path | None = config.state_dir / "certs" if config.secure else None
 
@@ -86,6 +93,13 @@ class LocalMesh:
     @property
     def replicas(self) -> int:
         return 3 if self.config.nats_servers >= 3 else 1
+
+    @property
+    def agent_allows_root(self) -> bool:
+        """Whether this machine's agent gets `--allow-root`: run by root, it runs tasks as
+        root, as whoever ran `mesh up`, who can submit them anyway (the CA and the user
+        certificate are theirs): no privilege is crossed, but `mesh up` says so."""
+        return self.config.real_agent and os.geteuid() == 0
 
     def context(self) -> Context:
         """What later CLI commands need to reach this region (saved by `mesh up`)."""
@@ -210,17 +224,28 @@ class LocalMesh:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 env=env,
+                preexec_fn=death_signal_preexec(),
             )
         self.children[name] = proc
+        self._watch(name, proc.pid)
         return proc
+
+    def _watch(self, name: str, pid: int) -> None:
+        if self.reaper is None:
+            self.reaper = Reaper()
+        self.reaper.watch(name, pid)
 
     def start(self) -> None:
         c = self.config
         c.state_dir.mkdir(parents=True, exist_ok=True)
-        for cfg in self._server_configs():
-            server = EmbeddedServer(cfg)
+        for i, cfg in enumerate(self._server_configs()):
+            server = EmbeddedServer(cfg, preexec_fn=death_signal_preexec())
             self.servers.append(server)
-            server.start()
+            try:
+                server.start()
+            finally:
+                if server.proc is not None:
+                    self._watch(f"nats-server-{i + 1}", server.proc.pid)
         if self.certs_dir is not None or len(self.servers) > 1:
             self._create_streams()
         verify = []
@@ -248,16 +273,20 @@ class LocalMesh:
                     f"{infer.NODE_LABEL}={self.node_id}",
                     *verify,
                     *task_identity,
-                    # Tasks run as whoever ran `mesh up`, who can submit them anyway (the
-                    # CA and the user certificate are theirs): no privilege is crossed.
-                    *(["--allow-root"] if os.geteuid() == 0 else []),
+                    *(["--allow-root"] if self.agent_allows_root else []),
                 ],
             )
-        if c.sim_nodes:
-            self._spawn(
-                "hollow",
-                ["agent", "--simulate", str(c.sim_nodes), "--prefix", FLEET_PREFIX, *verify],
-            )
+        if c.sim_nodes and c.start_sim_nodes:
+            self.start_hollow()
+
+    def start_hollow(self) -> subprocess.Popen[bytes]:
+        """The process of `sim_nodes` hollow nodes (started by `start()` unless
+        `start_sim_nodes` is False)."""
+        verify = []
+        if self.certs_dir is not None:
+            verify = ["--verify-key", str(pki.verify_key_path(self.certs_dir))]
+        args = ["agent", "--simulate", str(self.config.sim_nodes), "--prefix", FLEET_PREFIX]
+        return self._spawn("hollow", [*args, *verify])
 
     def _create_streams(self, timeout: float = 30.0) -> None:
         """The region's streams, made with the coordinator's identity before any agent
@@ -326,7 +355,8 @@ class LocalMesh:
 
     async def wait_ready(self, timeout: float = 30.0) -> dict:
         """Until a leader answers and every expected node reports ready."""
-        want = (1 if self.config.real_agent else 0) + self.config.sim_nodes
+        c = self.config
+        want = (1 if c.real_agent else 0) + (c.sim_nodes if "hollow" in self.children else 0)
         nc = await connect(self.url, name="mesh-up", **self.client_options())
         client = MeshClient(nc, self.config.region, timeout=2.0)
         deadline = time.monotonic() + timeout
@@ -373,3 +403,6 @@ class LocalMesh:
         for server in self.servers:
             server.stop()
         self.servers = []
+        if self.reaper is not None:
+            self.reaper.release()
+            self.reaper = None

@@ -47,7 +47,9 @@ def up(args: argparse.Namespace, ctx: Context) -> int:
 
     async def run() -> int:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # SIGHUP: the terminal closed. Stopped as on Ctrl-C, or everything would be
+        # left running with nobody to stop it.
+        for sig in UP_STOP_SIGNALS:
             loop.add_signal_handler(sig, stop.set)
         mesh.start()
         info = await mesh.wait_ready()
@@ -66,6 +68,8 @@ def up(args: argparse.Namespace, ctx: Context) -> int:
                 f"try `mesh infer load --rate 500`"
             )
         print(f"context written to {path}; logs in {state_dir / 'logs'}; Ctrl-C stops it all")
+        if mesh.agent_allows_root:
+            print(ROOT_NOTE, flush=True)
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), 1.0)
@@ -76,8 +80,19 @@ def up(args: argparse.Namespace, ctx: Context) -> int:
     try:
         return asyncio.run(run())
     finally:
+        # A second hangup (or a terminal gone) must not cut the stop short.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         mesh.stop()
-        print("mesh stopped", file=sys.stderr)
+        with contextlib.suppress(OSError):  # stderr may be a closed terminal by now
+            print("mesh stopped", file=sys.stderr)
+
+
+UP_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+ROOT_NOTE = (
+    "mesh up: running as root, so this machine's agent runs tasks as root (--allow-root); "
+    "run `mesh up` as an unprivileged user, or agents with `mesh agent --run-as USER`, "
+    "to avoid it"
+)
 
 
 async def _until_signal() -> None:
