@@ -1,7 +1,8 @@
-"""The commands docs/install.md and docs/security.md show are commands the code accepts
-as written: every `mesh ...` line in their sh blocks parses, and every nats-server flag
-they use is one the packaged nats-server has. (The deployment itself is run by
-tests/integration/test_agent_install.py.)"""
+"""The commands the docs show are commands the code accepts as written: every `mesh ...`
+line in the sh blocks of README.md, docs/ and the package READMEs parses, and every
+nats-server flag docs/install.md uses is one the packaged nats-server has. (The
+deployment itself is run, as docs/install.md says, by
+tests/integration/test_deploy_as_documented.py.)"""
 
 from __future__ import annotations
 
@@ -17,12 +18,18 @@ from mesh.server import find_server_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "docs" / "install.md", ROOT / "docs" / "security.md"]
+EVERY_DOC = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted(ROOT.glob("*/README.md")),
+]
 
 
 def commands(path: Path, program: str) -> list[list[str]]:
     out = []
     for block in re.findall(r"```sh\n(.*?)```", path.read_text(), re.S):
         for line in block.splitlines():
+            line = line.removeprefix(".venv/bin/")
             if line.startswith(program + " "):
                 out.append(shlex.split(line, comments=True))
     return out
@@ -42,10 +49,14 @@ def test_docs_show_the_deployment_commands():
         assert any(needed in c for c in install), needed
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_the_main_docs_show_mesh_commands():
+    for doc in (ROOT / "README.md", *DOCS):
+        assert commands(doc, "mesh"), doc
+
+
+@pytest.mark.parametrize("doc", EVERY_DOC, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_mesh_command_parses(doc, capsys):
     found = commands(doc, "mesh")
-    assert found
     for argv in found:
         try:
             build_parser().parse_args(argv[1:])
