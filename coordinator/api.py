@@ -30,6 +30,7 @@ from coordinator.pools.tree import load_pool_source
 from coordinator.views import job_detail, node_summary
 from mesh import jsonwire, subjects
 from mesh.codec import WireError, decode, encode, pack
+from mesh.logs import Throttle
 from mesh.schema import (
     MAX_REQUEST,
     MAX_SPEC_BYTES,
@@ -87,6 +88,7 @@ class Api:
         self._inflight: dict[str, tuple[asyncio.Future[str], Any]] = {}
         self._requests: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_CONCURRENT)
+        self._refusals = Throttle(10.0)  # a refused request is logged, a flood is not
         self.handlers: dict[str, Callable[[bytes], Awaitable[bytes]]] = {
             "job.submit": self.job_submit,
             "job.submit_many": self.job_submit_many,
@@ -202,6 +204,14 @@ class Api:
                 error_reply(ErrorCode.INTERNAL, "the reply could not be written as JSON")
             )
 
+    def _say_refused(self, endpoint: str, exc: ApiError) -> None:
+        """One line per refused request (at most one per endpoint and code every 10 s,
+        with how many more were held back), so an operator sees what users are refused."""
+        held = self._refusals.allow(f"{endpoint}:{exc.code}", time.monotonic())
+        if held is not None:
+            more = f" (and {held} more refused so since the last such line)" if held else ""
+            log.warning("api %s refused: %s: %s%s", endpoint, exc.code, exc.message, more)
+
     async def _call(self, endpoint: str, data: bytes, forward: bool, as_json: bool) -> bytes:
         try:
             if len(data) > MAX_REQUEST:
@@ -227,6 +237,7 @@ class Api:
                 raise ApiError(ErrorCode.NOT_LEADER, "this candidate no longer leads; retry")
             return await self.handlers[endpoint](data)
         except ApiError as exc:
+            self._say_refused(endpoint, exc)
             return error_reply(exc.code, exc.message)
         except Exception as exc:
             log.exception("api %s failed", endpoint)

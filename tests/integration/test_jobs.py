@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import psutil
@@ -104,6 +105,19 @@ async def test_retried_submit_with_same_client_id_creates_one_job(region):
     assert first == second
     jobs = await region.client.jobs()
     assert [j["job_id"] for j in jobs] == [first]
+
+
+async def test_refused_requests_are_logged_one_line_each_not_a_flood(region, caplog):
+    caplog.set_level(logging.WARNING, logger="mesh.api")
+    await region.coordinator()
+    await region.ready(0)
+    bad = {"name": "x", "tasks": [{"role": "a", "command": "true", "resources": {"cpu": "x"}}]}
+    for i in range(30):
+        with pytest.raises(ApiError):
+            await region.client.submit(bad, client_id=f"bad-{i}")
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert lines and len(lines) <= 3, lines  # one, then at most one per 10 s
+    assert lines[0].startswith("api job.submit refused: INVALID_SPEC: tasks[0].resources.cpu")
 
 
 async def test_bad_requests_get_clear_errors_and_change_nothing(region):
