@@ -59,7 +59,7 @@ async def test_root_agent_without_run_as_offers_no_capacity(region, open_dir):
 
     job = await eventually(waiting)
     assert job["pending_reason"] == (
-        "no ready nodes; node node-1 takes no tasks: "
+        "no node to place on: node node-1 takes no tasks: "
         "tasks would run as root: use --run-as USER or --allow-root"
     )
     (task,) = job["task_list"]
