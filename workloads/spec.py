@@ -756,7 +756,7 @@ def _parsed_once(parse: Any, value: object, path: str, most: int) -> Any:
 
 @lru_cache(maxsize=2048)
 def _kept(parse: Any, key: tuple, path: str) -> Any:
-    return parse({name: item for name, _, item in key}, path)
+    return parse({name: item for name, _, item, _ in key}, path)
 
 
 def _plain_key(value: object, most: int) -> tuple | None:
@@ -769,7 +769,7 @@ def _plain_key(value: object, most: int) -> tuple | None:
         kind = type(item)
         if kind is not str and kind is not int and kind is not float:
             return None
-        key.append((name, kind, item))
+        key.append((name, kind, item, repr(item) if kind is float else None))
     return tuple(key)
 
 

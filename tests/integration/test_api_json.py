@@ -52,9 +52,9 @@ async def test_every_endpoint_answers_json(region):
     assert node["ok"] and node["node"]["node_id"] == "hollow-0000"
 
     applied = await call("pool.apply", {"source": "pools:\n  /batch: {cpu: {reservation: 1}}\n"})
-    assert applied == {"ok": True, "pools": ["/", "/batch"]}
+    assert applied == {"ok": True, "pools": ["/", "/batch", "/default"]}
     pools = await call("pool.list", {})
-    assert [p["path"] for p in pools["pools"]] == ["/", "/batch"]
+    assert [p["path"] for p in pools["pools"]] == ["/", "/batch", "/default"]
     pool = await call("pool.get", {"path": "/batch"})
     assert pool["ok"] and pool["pool"]["path"] == "/batch"
 

@@ -4,6 +4,7 @@ tasks the agent runs end with it (mesh.cli.tether). Real processes throughout.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -163,10 +164,14 @@ def test_reaper_ends_children_and_their_sessions_when_the_parent_dies(release):
     try:
         child = psutil.Process(int(parent.stdout.readline()))
         deadline = time.monotonic() + 10
-        while len(child.children()) < 2 and time.monotonic() < deadline:
+        want = {"sleep 301", "sleep 302"}
+        while time.monotonic() < deadline:  # `setsid sleep` reads so until it has exec'd
+            tree = [child, *child.children()]
+            with contextlib.suppress(psutil.Error):
+                if {" ".join(p.cmdline()) for p in tree[1:]} >= want:
+                    break
             time.sleep(0.05)
-        tree = [child, *child.children()]
-        assert {" ".join(p.cmdline()) for p in tree[1:]} >= {"sleep 301", "sleep 302"}
+        assert {" ".join(p.cmdline()) for p in tree[1:]} >= want
         parent.kill()
         parent.wait(5)
         if release:

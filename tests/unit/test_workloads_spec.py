@@ -625,3 +625,12 @@ def test_a_cached_request_does_not_hide_an_equal_looking_bad_one():
         s._resources({"gpu_memory": "1Gi"}, "r")
     with pytest.raises(SpecError, match="q.gpu_memory"):  # the path is the caller's
         s._resources({"gpu_memory": "1Gi"}, "q")
+
+
+def test_kept_labels_tell_minus_zero_from_zero():
+    """-0.0 == 0.0, but as a label it reads differently: the kept parse must not mix them
+    (hypothesis found it; the cache key compared them equal)."""
+    from workloads import spec as s
+
+    assert s._labels({"disk": 0.0}, "labels") == (("disk", "0.0"),)
+    assert s._labels({"disk": -0.0}, "labels") == (("disk", "-0.0"),)
