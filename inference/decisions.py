@@ -61,9 +61,8 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: needs a latency profile")
 
     @classmethod
-    def single(
-        cls, name: str, slo_ns: int, profile: LatencyProfile, gpu_type: str = DEFAULT_GPU_TYPE
-    ) -> ModelSpec:
+    def single(cls, name: str, slo_ns: int, profile: LatencyProfile,
+               gpu_type: str = DEFAULT_GPU_TYPE) -> ModelSpec:
         """A model with one profile, for a pool of one GPU type."""
         return cls(name=name, slo_ns=slo_ns, profiles={gpu_type: profile})
 
@@ -72,8 +71,7 @@ class ModelSpec:
             return self.profiles[gpu_type]
         except KeyError:
             raise ValueError(
-                f"model {self.name!r} has no profile for GPU type {gpu_type!r}"
-            ) from None
+                f"model {self.name!r} has no profile for GPU type {gpu_type!r}") from None
 
 
 class DropReason(StrEnum):

@@ -140,15 +140,8 @@ class _Model:
         "window",
     )
 
-    def __init__(
-        self,
-        idx: int,
-        spec: ModelSpec,
-        plan: LatencyProfile,
-        gprof: list[tuple[int, int, int]],
-        meter_window: int,
-        grant_window: int,
-    ) -> None:
+    def __init__(self, idx: int, spec: ModelSpec, plan: LatencyProfile,
+                 gprof: list[tuple[int, int, int]], meter_window: int, grant_window: int) -> None:
         self.idx = idx
         self.spec = spec
         self.name = spec.name
@@ -181,9 +174,8 @@ class RouterCore:
 
     name = "ours"
 
-    def __init__(
-        self, models: Sequence[ModelSpec], gpus: Sequence[Gpu], config: RouterConfig | None = None
-    ) -> None:
+    def __init__(self, models: Sequence[ModelSpec], gpus: Sequence[Gpu],
+                 config: RouterConfig | None = None) -> None:
         if not gpus:
             raise ValueError("need at least one GPU")
         if len({g.id for g in gpus}) != len(gpus):
@@ -203,19 +195,14 @@ class RouterCore:
         self._by_name: dict[str, _Model] = {}
         for idx, spec in enumerate(models):
             per_type = {t: spec.profile_for(t) for t in types}
-            gprof = [(p.a_ns, p.b_ns, p.max_batch) for p in (per_type[g.gpu_type] for g in gpus)]
-            m = _Model(
-                idx,
-                spec,
-                slowest(per_type.values()),
-                gprof,
-                self.config.rate_window,
-                int(self.config.grant_window * spec.slo_ns),
-            )
+            gprof = [(p.a_ns, p.b_ns, p.max_batch)
+                     for p in (per_type[g.gpu_type] for g in gpus)]
+            m = _Model(idx, spec, slowest(per_type.values()), gprof, self.config.rate_window,
+                       int(self.config.grant_window * spec.slo_ns))
             self._models.append(m)
             self._by_name[spec.name] = m
         self._timers: list[tuple[int, int, int]] = []  # (exec_at, version, model idx)
-        self._ready: list[tuple[int, int, int]] = []  # (latest start, version, model idx)
+        self._ready: list[tuple[int, int, int]] = []   # (latest start, version, model idx)
         self._dirty: list[_Model] = []
         self._out: list[Decision] = []
         self._now = -(1 << 62)
@@ -440,7 +427,7 @@ class RouterCore:
                 if fit < bs:
                     bs = fit
             end = t0 + a + b * bs
-            ids = tuple(m.ids[h : h + bs])
+            ids = tuple(m.ids[h:h + bs])
             m.head = h + bs
             self._out.append(Dispatch(self._gpu_ids[g], m.name, ids, t0, end))
             free_at = end

@@ -77,15 +77,9 @@ def _percentile(sorted_vals: Sequence[int], q: float) -> float:
     return sorted_vals[k] / MS
 
 
-def simulate(
-    policy: Policy,
-    requests: Sequence[Request],
-    models: Sequence[ModelSpec],
-    gpus: Sequence[Gpu],
-    *,
-    measure_from_ns: int = 0,
-    measure_until_ns: int | None = None,
-) -> SimResult:
+def simulate(policy: Policy, requests: Sequence[Request], models: Sequence[ModelSpec],
+             gpus: Sequence[Gpu], *, measure_from_ns: int = 0,
+             measure_until_ns: int | None = None) -> SimResult:
     """Run ``policy`` over ``requests`` (ids 0..n-1, sorted by arrival) until it is idle."""
     n = len(requests)
     for i, r in enumerate(requests):
@@ -130,11 +124,9 @@ def simulate(
                 if not ids:
                     raise SimulationError(f"{policy.name}: empty batch")
                 if d.start_ns < t or d.start_ns < gpu_end[d.gpu_id]:
-                    raise SimulationError(
-                        f"{policy.name}: batch on {d.gpu_id} starts at "
-                        f"{d.start_ns}, before now {t} or GPU free "
-                        f"{gpu_end[d.gpu_id]}"
-                    )
+                    raise SimulationError(f"{policy.name}: batch on {d.gpu_id} starts at "
+                                          f"{d.start_ns}, before now {t} or GPU free "
+                                          f"{gpu_end[d.gpu_id]}")
                 if d.end_ns - d.start_ns != latency_of[d.model, d.gpu_id].latency(len(ids)):
                     raise SimulationError(f"{policy.name}: batch duration is not its latency")
                 gpu_end[d.gpu_id] = d.end_ns
@@ -154,11 +146,8 @@ def simulate(
                 status[rid] = DROPPED
 
     lo = measure_from_ns
-    hi = (
-        measure_until_ns
-        if measure_until_ns is not None
-        else (requests[-1].arrival_ns + 1 if n else 0)
-    )
+    hi = measure_until_ns if measure_until_ns is not None else (
+        requests[-1].arrival_ns + 1 if n else 0)
     counts = [0, 0, 0, 0]
     lats = []
     for r in requests:
@@ -210,42 +199,31 @@ class Scenario:
         return [Gpu(f"gpu{j}") for j in range(self.n_gpus if n is None else n)]
 
 
-def run_policy(
-    name: str, scenario: Scenario, rate: float, cv: float, seed: int, n_gpus: int | None = None
-) -> SimResult:
+def run_policy(name: str, scenario: Scenario, rate: float, cv: float, seed: int,
+               n_gpus: int | None = None) -> SimResult:
     """One run of policy ``name`` on the scenario at ``rate`` req/s (generated arrivals)."""
     models = scenario.models()
     gpus = scenario.gpus(n_gpus)
-    spec = ArrivalSpec(
-        rate, int(scenario.duration_s * NS), tuple(m.name for m in models), scenario.zipf_s, cv
-    )
+    spec = ArrivalSpec(rate, int(scenario.duration_s * NS), tuple(m.name for m in models),
+                       scenario.zipf_s, cv)
     reqs = to_requests(generate_events(spec, seed), {m.name: m.slo_ns for m in models})
     policy = make_policy(name, models, gpus, seed=seed, rates=spec.rates())
-    return simulate(
-        policy,
-        reqs,
-        models,
-        gpus,
-        measure_from_ns=int(scenario.warmup_s * NS),
-        measure_until_ns=spec.duration_ns,
-    )
+    return simulate(policy, reqs, models, gpus, measure_from_ns=int(scenario.warmup_s * NS),
+                    measure_until_ns=spec.duration_ns)
 
 
 def _summary(res: SimResult) -> str:
-    return (
-        f"{res.policy:>13}: arrived {res.arrived}  on-time {res.served_on_time}  "
-        f"late {res.late}  dropped {res.dropped}  unanswered {res.unanswered}  "
-        f"bad {100 * res.bad_rate:.3f}%  goodput {res.goodput_rps:.0f}/s  "
-        f"p50 {res.latency_p50_ms:.1f} ms  p99 {res.latency_p99_ms:.1f} ms  "
-        f"mean batch {res.mean_batch:.1f}  GPU busy {100 * res.gpu_busy:.0f}%"
-    )
+    return (f"{res.policy:>13}: arrived {res.arrived}  on-time {res.served_on_time}  "
+            f"late {res.late}  dropped {res.dropped}  unanswered {res.unanswered}  "
+            f"bad {100 * res.bad_rate:.3f}%  goodput {res.goodput_rps:.0f}/s  "
+            f"p50 {res.latency_p50_ms:.1f} ms  p99 {res.latency_p99_ms:.1f} ms  "
+            f"mean batch {res.mean_batch:.1f}  GPU busy {100 * res.gpu_busy:.0f}%")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m inference.sim", description=__doc__.split("\n")[0])
-    ap.add_argument(
-        "--policy", default="ours", help=f"one of {', '.join(POLICIES + EXTRA_POLICIES)}, or 'all'"
-    )
+    ap.add_argument("--policy", default="ours",
+                    help=f"one of {', '.join(POLICIES + EXTRA_POLICIES)}, or 'all'")
     ap.add_argument("--rate", type=float, default=2000.0, help="total requests/s")
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--models", type=int, default=32)
@@ -260,9 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
-    sc = Scenario(
-        args.models, args.gpus, args.profile, args.slo_ms, args.zipf, args.duration, args.warmup
-    )
+    sc = Scenario(args.models, args.gpus, args.profile, args.slo_ms, args.zipf,
+                  args.duration, args.warmup)
     models = sc.models()
     gpus = sc.gpus()
     slo = {m.name: m.slo_ns for m in models}
@@ -271,48 +248,31 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--arrival trace needs --trace FILE")
         events = read_trace(args.trace)
         names = sorted({m for _, m in events})
-        models = [
-            ModelSpec.single(m, int(args.slo_ms * MS), SOURCED_PROFILES[args.profile])
-            for m in names
-        ]
+        models = [ModelSpec.single(m, int(args.slo_ms * MS), SOURCED_PROFILES[args.profile])
+                  for m in names]
         slo = {m.name: m.slo_ns for m in models}
         rates = trace_rates(events)
         until = events[-1][0] + 1 if events else 0
     else:
         cv = 1.0 if args.arrival == "poisson" else args.cv
-        spec = ArrivalSpec(
-            args.rate, int(args.duration * NS), tuple(m.name for m in models), args.zipf, cv
-        )
+        spec = ArrivalSpec(args.rate, int(args.duration * NS), tuple(m.name for m in models),
+                           args.zipf, cv)
         events = generate_events(spec, args.seed)
         rates = spec.rates()
         until = spec.duration_ns
     reqs = to_requests(events, slo)
     names = list(POLICIES) if args.policy == "all" else [args.policy]
-    print(
-        f"# {len(reqs)} requests, {len(models)} models, {len(gpus)} GPUs, profile "
-        f"{args.profile}, SLO {args.slo_ms} ms, arrivals {args.arrival}",
-        flush=True,
-    )
+    print(f"# {len(reqs)} requests, {len(models)} models, {len(gpus)} GPUs, profile "
+          f"{args.profile}, SLO {args.slo_ms} ms, arrivals {args.arrival}", flush=True)
     results = []
     for name in names:
         policy = make_policy(name, models, gpus, seed=args.seed, rates=rates)
-        res = simulate(
-            policy,
-            reqs,
-            models,
-            gpus,
-            measure_from_ns=int(args.warmup * NS),
-            measure_until_ns=until,
-        )
+        res = simulate(policy, reqs, models, gpus, measure_from_ns=int(args.warmup * NS),
+                       measure_until_ns=until)
         print(_summary(res), flush=True)
         results.append(res)
-    out = {
-        "sim": "inference",
-        "arrival": args.arrival,
-        "rate": args.rate,
-        "gpus": args.gpus,
-        "results": [asdict(r) for r in results],
-    }
+    out = {"sim": "inference", "arrival": args.arrival, "rate": args.rate, "gpus": args.gpus,
+           "results": [asdict(r) for r in results]}
     print(json.dumps(out, sort_keys=True))
     return 0
 

@@ -31,7 +31,7 @@ def zipf_weights(n: int, s: float = 1.0) -> list[float]:
     """Popularity of ``n`` models, the i-th (from 1) proportional to ``1 / i^s``; sums to 1."""
     if n < 1:
         raise ValueError("need at least one model")
-    raw = [1.0 / (i**s) for i in range(1, n + 1)]
+    raw = [1.0 / (i ** s) for i in range(1, n + 1)]
     total = sum(raw)
     return [w / total for w in raw]
 
@@ -42,7 +42,6 @@ def _renewal_times(rate: float, duration_ns: int, rng: random.Random, cv: float)
         return []
     horizon = duration_ns / NS
     if cv == 1.0:
-
         def gap() -> float:
             return rng.expovariate(rate)
     else:
@@ -51,7 +50,6 @@ def _renewal_times(rate: float, duration_ns: int, rng: random.Random, cv: float)
 
         def gap() -> float:
             return rng.gammavariate(k, theta)
-
     # Start in the stationary regime: a random fraction of a first gap.
     t = gap() * rng.random()
     out = []
@@ -73,10 +71,9 @@ class ArrivalSpec:
     """Coefficient of variation of inter-arrival gaps: 1 = Poisson, 4 = very bursty."""
 
     def rates(self) -> dict[str, float]:
-        return {
-            m: self.total_rate * w
-            for m, w in zip(self.models, zipf_weights(len(self.models), self.zipf_s), strict=True)
-        }
+        return {m: self.total_rate * w
+                for m, w in zip(self.models, zipf_weights(len(self.models), self.zipf_s),
+                                strict=True)}
 
 
 def generate_events(spec: ArrivalSpec, seed: int) -> list[tuple[int, str]]:
@@ -91,9 +88,8 @@ def generate_events(spec: ArrivalSpec, seed: int) -> list[tuple[int, str]]:
     return [(t, spec.models[i]) for t, i in events]
 
 
-def interval_count_events(
-    counts: Mapping[str, Sequence[int]], interval_ns: int, seed: int
-) -> list[tuple[int, str]]:
+def interval_count_events(counts: Mapping[str, Sequence[int]], interval_ns: int,
+                          seed: int) -> list[tuple[int, str]]:
     """Replay per-interval request counts, Poisson within each interval.
 
     This is how Clockwork replays the Azure Functions 2019 trace (per-minute counts,

@@ -30,9 +30,8 @@ def reference_entitlement(
         if kids:
             w = sum(want(c, kind) for c in kids)
         else:
-            w = getattr(demand.get(path, Resources()), kind) + getattr(
-                allocation.get(path, Resources()), kind
-            )
+            w = getattr(demand.get(path, Resources()), kind) + \
+                getattr(allocation.get(path, Resources()), kind)
         spec = tree[path].resource(kind)
         if spec.type is PoolType.STATIC:
             w = max(w, spec.reservation)

@@ -77,9 +77,8 @@ def admit(
             blocked[job.job_id] = f"pool {job.pool}: no such pool"
             never.add(job.job_id)
         elif not tree.is_leaf(job.pool):
-            blocked[job.job_id] = (
-                f"pool {job.pool}: has child pools; jobs are submitted to leaf pools"
-            )
+            blocked[job.job_id] = (f"pool {job.pool}: has child pools; jobs are submitted to "
+                                   "leaf pools")
             never.add(job.job_id)
         else:
             queues.setdefault(job.pool, []).append((-job.priority, n, job))
@@ -88,20 +87,8 @@ def admit(
     np_out: dict[str, Resources] = dict(non_preemptible)
     for pool, queue in queues.items():
         queue.sort()  # by (-priority, position): positions differ, jobs are never compared
-        _admit_pool(
-            tree,
-            pool,
-            [j for _, _, j in queue],
-            entitlement.get(pool, NOTHING),
-            alloc_out,
-            np_out,
-            lookahead,
-            waited,
-            hold_after,
-            admitted,
-            blocked,
-            never,
-        )
+        _admit_pool(tree, pool, [j for _, _, j in queue], entitlement.get(pool, NOTHING),
+                    alloc_out, np_out, lookahead, waited, hold_after, admitted, blocked, never)
     new_waited = {j: waited.get(j, 0) + 1 for j in blocked}
     return Admission(admitted, blocked, frozenset(never), alloc_out, np_out, new_waited)
 
@@ -110,20 +97,8 @@ def _vec(r: Resources) -> list[int]:
     return [r.cpu, r.memory, r.disk, r.gpu]
 
 
-def _admit_pool(
-    tree,
-    pool,
-    queue,
-    ent_r,
-    alloc_out,
-    np_out,
-    lookahead,
-    waited,
-    hold_after,
-    admitted,
-    blocked,
-    never,
-) -> None:
+def _admit_pool(tree, pool, queue, ent_r, alloc_out, np_out, lookahead, waited, hold_after,
+                admitted, blocked, never) -> None:
     ent = _vec(ent_r)
     alloc = _vec(alloc_out.get(pool, NOTHING))
     np_alloc = _vec(np_out.get(pool, NOTHING))
@@ -142,18 +117,12 @@ def _admit_pool(
         return never_memo[key]
 
     def _never_reason(need: list[int], preemptible: bool) -> str | None:
-        bad = [
-            f"{_k(j)} job {_f(j, need[j])} > limit {_f(j, limit[j])}"
-            for j in range(4)
-            if limit[j] is not None and need[j] > limit[j]
-        ]
+        bad = [f"{_k(j)} job {_f(j, need[j])} > limit {_f(j, limit[j])}"
+               for j in range(4) if limit[j] is not None and need[j] > limit[j]]
         if not bad and not preemptible:
-            bad = [
-                f"{_k(j)} job {_f(j, need[j])} > reservation {_f(j, reservation[j])} (a "
-                "non-preemptible job must fit in the reservation)"
-                for j in range(4)
-                if need[j] > reservation[j]
-            ]
+            bad = [f"{_k(j)} job {_f(j, need[j])} > reservation {_f(j, reservation[j])} (a "
+                   "non-preemptible job must fit in the reservation)"
+                   for j in range(4) if need[j] > reservation[j]]
         return f"pool {pool}: can never be admitted: " + "; ".join(bad) if bad else None
 
     first_blocked: str | None = None
@@ -165,14 +134,9 @@ def _admit_pool(
         need = _vec(job.resources)
         if first_blocked is not None and any(need[j] for j in short_kinds):
             if budget == 0:
-                _rest(
-                    [job],
-                    f"pool {pool}: waiting behind blocked job {first_blocked}: "
-                    f"the look-ahead of {lookahead} jobs past it is used up this cycle",
-                    never_reason,
-                    blocked,
-                    never,
-                )
+                _rest([job], f"pool {pool}: waiting behind blocked job {first_blocked}: "
+                      f"the look-ahead of {lookahead} jobs past it is used up this cycle",
+                      never_reason, blocked, never)
                 continue
             budget -= 1
         reason = never_reason(need, job.preemptible)
@@ -181,22 +145,13 @@ def _admit_pool(
             never.add(job.job_id)
             continue
         over = [j for j in range(4) if need[j] and alloc[j] + need[j] > ent[j]]
-        short = [
-            f"{_k(j)} allocation {_f(j, alloc[j])} + job {_f(j, need[j])} > entitlement "
-            f"{_f(j, ent[j])}"
-            for j in over
-        ]
-        np_short = (
-            []
-            if job.preemptible
-            else [
-                f"{_k(j)} non-preemptible allocation {_f(j, np_alloc[j])} + job {_f(j, need[j])} > "
-                f"reservation {_f(j, reservation[j])} (a non-preemptible job never runs on "
-                "borrowed capacity)"
-                for j in range(4)
-                if need[j] and np_alloc[j] + need[j] > reservation[j]
-            ]
-        )
+        short = [f"{_k(j)} allocation {_f(j, alloc[j])} + job {_f(j, need[j])} > entitlement "
+                 f"{_f(j, ent[j])}" for j in over]
+        np_short = [] if job.preemptible else [
+            f"{_k(j)} non-preemptible allocation {_f(j, np_alloc[j])} + job {_f(j, need[j])} > "
+            f"reservation {_f(j, reservation[j])} (a non-preemptible job never runs on "
+            "borrowed capacity)"
+            for j in range(4) if need[j] and np_alloc[j] + need[j] > reservation[j]]
         if short or np_short:
             blocked[job.job_id] = f"pool {pool}: " + "; ".join(short + np_short)
             if first_blocked is None and job.preemptible:
@@ -205,21 +160,10 @@ def _admit_pool(
             cycles = waited.get(job.job_id, 0) + 1
             # Holding the queue helps only a job short of entitlement that fits once the
             # pool's allocation drains: not one short of non-preemptible room.
-            if (
-                hold_after is not None
-                and cycles > hold_after
-                and short
-                and not np_short
-                and all(need[j] <= ent[j] for j in range(4))
-            ):
-                _rest(
-                    queue[pos + 1 :],
-                    f"pool {pool}: held for job {job.job_id}, blocked "
-                    f"{cycles} cycles, until it fits",
-                    never_reason,
-                    blocked,
-                    never,
-                )
+            if (hold_after is not None and cycles > hold_after and short and not np_short
+                    and all(need[j] <= ent[j] for j in range(4))):
+                _rest(queue[pos + 1:], f"pool {pool}: held for job {job.job_id}, blocked "
+                      f"{cycles} cycles, until it fits", never_reason, blocked, never)
                 break
             continue
         for j in range(4):

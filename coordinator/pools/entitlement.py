@@ -58,10 +58,8 @@ def compute_entitlement(
     ``gpu_memory`` is not pooled and is 0 in every entitlement.
     """
     want_leaf = _leaf_wants(tree, demand, allocation)
-    columns = [
-        _entitle_kind(tree, k, _amount(capacity, k, "capacity"), want_leaf[j])
-        for j, k in enumerate(POOL_KINDS)
-    ]
+    columns = [_entitle_kind(tree, k, _amount(capacity, k, "capacity"), want_leaf[j])
+               for j, k in enumerate(POOL_KINDS)]
     return {p: Resources(c, m, d, g) for p, c, m, d, g in zip(tree.order, *columns, strict=True)}
 
 
@@ -105,10 +103,8 @@ def reservation_shortfall(tree: PoolTree, capacity: Resources) -> list[str]:
         total = sum(res[i] for i in tree.child_index[0])
         cap = getattr(capacity, k)
         if total > cap:
-            out.append(
-                f"{ROOT}: {k} reservations of its children sum to "
-                f"{format_amount(k, total)}, above the capacity {format_amount(k, cap)}"
-            )
+            out.append(f"{ROOT}: {k} reservations of its children sum to "
+                       f"{format_amount(k, total)}, above the capacity {format_amount(k, cap)}")
     return out
 
 

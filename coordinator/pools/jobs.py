@@ -51,16 +51,12 @@ class RunningJob:
             raise ValueError(f"job {self.job_id}: tasks must be at least 1, got {self.tasks}")
         if self.min_tasks is not None:
             if not 1 <= self.min_tasks <= self.tasks:
-                raise ValueError(
-                    f"job {self.job_id}: min_tasks must be 1..tasks ({self.tasks}), "
-                    f"got {self.min_tasks}"
-                )
+                raise ValueError(f"job {self.job_id}: min_tasks must be 1..tasks ({self.tasks}), "
+                                 f"got {self.min_tasks}")
             if any(getattr(self.resources, k) % self.tasks for k in POOL_KINDS):
-                raise ValueError(
-                    f"job {self.job_id}: an elastic job's resources "
-                    f"({self.resources}) must divide evenly among its "
-                    f"{self.tasks} tasks"
-                )
+                raise ValueError(f"job {self.job_id}: an elastic job's resources "
+                                 f"({self.resources}) must divide evenly among its "
+                                 f"{self.tasks} tasks")
 
     @property
     def shrinkable(self) -> int:

@@ -159,16 +159,10 @@ def choose_victims(
                 tasks_left[job.job_id] -= n
                 gone = job.tasks - tasks_left[job.job_id]
                 shrunk[job.job_id] = Victim(
-                    job.job_id,
-                    pool,
-                    "shrink",
-                    gone,
-                    _res([v * gone for v in per]),
-                    claimant,
+                    job.job_id, pool, "shrink", gone, _res([v * gone for v in per]), claimant,
                     f"shrink {job.job_id} by {_tasks(gone)} of {job.tasks} "
                     f"(min {job.min_tasks}) {_over_text(pool, alloc, ent, counts)}; "
-                    f"{why_claim}",
-                )
+                    f"{why_claim}")
         if not any(need):
             continue
         # Then stop whole gangs: the shortest covering prefix, then the fewest within it.
@@ -192,18 +186,11 @@ def choose_victims(
             tasks_left[job.job_id] = 0
             shrunk.pop(job.job_id, None)
             killed[job.job_id] = Victim(
-                job.job_id,
-                job.pool,
-                "kill",
-                job.tasks,
-                job.resources,
-                claimant,
+                job.job_id, job.pool, "kill", job.tasks, job.resources, claimant,
                 f"stop {job.job_id} (all {_tasks(job.tasks)}, priority {job.priority}) "
-                f"{_over_text(job.pool, alloc, ent, counts)}; {why_claim}",
-            )
-    victims = sorted(
-        [*shrunk.values(), *killed.values()], key=lambda v: (v.action != "shrink", v.pool, v.job_id)
-    )
+                f"{_over_text(job.pool, alloc, ent, counts)}; {why_claim}")
+    victims = sorted([*shrunk.values(), *killed.values()],
+                     key=lambda v: (v.action != "shrink", v.pool, v.job_id))
     return VictimChoice(victims, counts)
 
 
@@ -253,11 +240,9 @@ def _fewest(prefix: list[tuple[RunningJob, list[int]]], target: list[int]):
     chosen: list[int] = []
     rest = list(range(len(prefix)))
     while any(left[j] > 0 for j in kinds):
-
         def gain(i: int) -> float:
             held = prefix[i][1]
             return sum(min(held[j], left[j]) / target[j] for j in kinds if left[j] > 0)
-
         best = max(rest, key=lambda i: (gain(i), -i))
         rest.remove(best)
         chosen.append(best)
@@ -275,18 +260,13 @@ def _tasks(n: int) -> str:
 
 
 def _over_text(pool, alloc, ent, counts) -> str:
-    parts = [
-        f"{k} allocation {format_amount(k, alloc[pool][j])} > entitlement "
-        f"{format_amount(k, ent[pool][j])}"
-        for j, k in enumerate(POOL_KINDS)
-        if alloc[pool][j] > ent[pool][j]
-    ]
+    parts = [f"{k} allocation {format_amount(k, alloc[pool][j])} > entitlement "
+             f"{format_amount(k, ent[pool][j])}"
+             for j, k in enumerate(POOL_KINDS) if alloc[pool][j] > ent[pool][j]]
     return f"in {pool}, over its entitlement for {counts[pool]} cycles ({', '.join(parts)})"
 
 
 def _owed_text(claimant: str, need: list[int]) -> str:
     parts = [f"{k} {format_amount(k, need[j])}" for j, k in enumerate(POOL_KINDS) if need[j]]
-    return (
-        f"for {claimant}, which is below its entitlement with work pending and is owed "
-        f"{', '.join(parts)} held by pools over theirs"
-    )
+    return (f"for {claimant}, which is below its entitlement with work pending and is owed "
+            f"{', '.join(parts)} held by pools over theirs")

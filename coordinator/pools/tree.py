@@ -89,16 +89,10 @@ MAX_DESCRIPTION = 1024
 
 _SEGMENT_RE = re.compile(r"[a-z0-9_-]{1,32}")  # the same rule as a job's `pool` (workloads.spec)
 _PARSERS: dict[str, Callable[[object, str], int]] = {
-    "cpu": parse_cpu,
-    "memory": parse_bytes,
-    "disk": parse_bytes,
-    "gpu": parse_gpu,
+    "cpu": parse_cpu, "memory": parse_bytes, "disk": parse_bytes, "gpu": parse_gpu,
 }
 _FORMATS: dict[str, Callable[[int], str]] = {
-    "cpu": format_cpu,
-    "memory": format_bytes,
-    "disk": format_bytes,
-    "gpu": format_gpu,
+    "cpu": format_cpu, "memory": format_bytes, "disk": format_bytes, "gpu": format_gpu,
 }
 _POOL_FIELDS = ("type", "share", "description", *POOL_KINDS)
 _KIND_FIELDS = ("reservation", "limit", "share", "type")
@@ -184,7 +178,7 @@ def _path_problem(path: object) -> str | None:
         return None
     segments = path.split("/")
     if segments[0] != "" or not all(_SEGMENT_RE.fullmatch(s) for s in segments[1:]):
-        return "expected '/' or a path like /ml/vision (segments of 1-32 a-z, 0-9, '_', '-')"
+        return ("expected '/' or a path like /ml/vision (segments of 1-32 a-z, 0-9, '_', '-')")
     if len(segments) - 1 > MAX_POOL_DEPTH:
         return f"at most {MAX_POOL_DEPTH} levels deep (MAX_POOL_DEPTH), got {len(segments) - 1}"
     return None
@@ -297,54 +291,21 @@ class PoolTree:
         put(self, "parent_index", tuple(-1 if p == ROOT else index[_parent(p)] for p in order))
         put(self, "child_index", tuple(tuple(index[c] for c in children[p]) for p in order))
         put(self, "limit", MappingProxyType(limits))
-        put(
-            self,
-            "reservation",
-            MappingProxyType(
-                {k: tuple(by_path[p].resource(k).reservation for p in order) for k in POOL_KINDS}
-            ),
-        )
-        put(
-            self,
-            "weight",
-            MappingProxyType(
-                {
-                    k: tuple(_share_weight(by_path[p].resource(k).share) for p in order)
-                    for k in POOL_KINDS
-                }
-            ),
-        )
-        put(
-            self,
-            "static",
-            MappingProxyType(
-                {
-                    k: tuple(by_path[p].resource(k).type is PoolType.STATIC for p in order)
-                    for k in POOL_KINDS
-                }
-            ),
-        )
+        put(self, "reservation", MappingProxyType(
+            {k: tuple(by_path[p].resource(k).reservation for p in order) for k in POOL_KINDS}))
+        put(self, "weight", MappingProxyType(
+            {k: tuple(_share_weight(by_path[p].resource(k).share) for p in order)
+             for k in POOL_KINDS}))
+        put(self, "static", MappingProxyType(
+            {k: tuple(by_path[p].resource(k).type is PoolType.STATIC for p in order)
+             for k in POOL_KINDS}))
         put(self, "families", MappingProxyType({k: self._families(k) for k in POOL_KINDS}))
-        put(
-            self,
-            "floor",
-            MappingProxyType(
-                {
-                    k: tuple(
-                        r if st else 0
-                        for r, st in zip(self.reservation[k], self.static[k], strict=True)
-                    )
-                    for k in POOL_KINDS
-                }
-            ),
-        )
-        put(
-            self,
-            "ceiling",
-            MappingProxyType(
-                {k: tuple(NO_LIMIT if v is None else v for v in self.limit[k]) for k in POOL_KINDS}
-            ),
-        )
+        put(self, "floor", MappingProxyType(
+            {k: tuple(r if st else 0
+                      for r, st in zip(self.reservation[k], self.static[k], strict=True))
+             for k in POOL_KINDS}))
+        put(self, "ceiling", MappingProxyType(
+            {k: tuple(NO_LIMIT if v is None else v for v in self.limit[k]) for k in POOL_KINDS}))
 
     def _families(self, kind: str) -> tuple[Family, ...]:
         weight, limit, res = self.weight[kind], self.limit[kind], self.reservation[kind]
@@ -355,19 +316,9 @@ class PoolTree:
                 assert ch == tuple(range(lo, hi))  # siblings are contiguous in `order`
                 ws = weight[lo:hi]
                 common = math.lcm(*ws)
-                out.append(
-                    Family(
-                        i,
-                        lo,
-                        hi,
-                        res[lo:hi],
-                        limit[lo:hi],
-                        ws,
-                        sum(ws),
-                        tuple(common // w for w in ws),
-                        all(v is None for v in limit[lo:hi]),
-                    )
-                )
+                out.append(Family(i, lo, hi, res[lo:hi], limit[lo:hi], ws, sum(ws),
+                                  tuple(common // w for w in ws),
+                                  all(v is None for v in limit[lo:hi])))
         return tuple(out)
 
     @staticmethod
@@ -444,23 +395,15 @@ def _validate(specs: tuple[PoolSpec, ...]) -> dict[str, PoolSpec]:
         if p == ROOT:
             set_kinds = [k for k in POOL_KINDS if s.resource(k) != _DEFAULT]
             if set_kinds:
-                problems.append(
-                    (
-                        p,
-                        f"{', '.join(set_kinds)}: the root stands for the whole "
-                        "cluster, whose capacity is its entitlement; set "
-                        "reservations, limits, shares and types on its children",
-                    )
-                )
+                problems.append((p, f"{', '.join(set_kinds)}: the root stands for the whole "
+                                    "cluster, whose capacity is its entitlement; set "
+                                    "reservations, limits, shares and types on its children"))
             continue
         good[p] = {}
         for kind in POOL_KINDS:
             r = s.resource(kind)
-            found = (
-                _kind_problems(kind, r)
-                if isinstance(r, ResourceSpec)
-                else [f"{kind}: expected a ResourceSpec, got {type(r).__name__}"]
-            )
+            found = (_kind_problems(kind, r) if isinstance(r, ResourceSpec)
+                     else [f"{kind}: expected a ResourceSpec, got {type(r).__name__}"])
             problems.extend((p, m) for m in found)
             if not found:
                 good[p][kind] = r
@@ -480,12 +423,10 @@ def _validate(specs: tuple[PoolSpec, ...]) -> dict[str, PoolSpec]:
                 eff[p] = (inherited, owner)
             else:
                 if inherited is not None and r.limit > inherited:
-                    whose = (
-                        "its parent's" if owner == parent else f"{owner}'s (inherited by {parent})"
-                    )
-                    problems.append(
-                        (p, f"{kind} limit {fmt(r.limit)} is above {whose} limit {fmt(inherited)}")
-                    )
+                    whose = ("its parent's" if owner == parent
+                             else f"{owner}'s (inherited by {parent})")
+                    problems.append((p, f"{kind} limit {fmt(r.limit)} is above {whose} limit "
+                                        f"{fmt(inherited)}"))
                 eff[p] = (r.limit, p)
             if r is not None:
                 kids.setdefault(parent, []).append((p, r.reservation))
@@ -494,14 +435,9 @@ def _validate(specs: tuple[PoolSpec, ...]) -> dict[str, PoolSpec]:
             total = sum(v for _, v in group)
             if own is not None and total > own.reservation:
                 listed = ", ".join(f"{c} {fmt(v)}" for c, v in group if v)
-                problems.append(
-                    (
-                        parent,
-                        f"{kind} reservations of its children sum to "
-                        f"{fmt(total)} ({listed}), above its own reservation "
-                        f"{fmt(own.reservation)}",
-                    )
-                )
+                problems.append((parent, f"{kind} reservations of its children sum to "
+                                         f"{fmt(total)} ({listed}), above its own reservation "
+                                         f"{fmt(own.reservation)}"))
     if problems:
         raise PoolConfigError(sorted(problems, key=lambda pm: pm[0]))
     return by_path
@@ -517,10 +453,8 @@ def _kind_problems(kind: str, r: ResourceSpec) -> list[str]:
     if not out and r.limit is not None and r.limit < r.reservation:
         out.append(f"{kind} limit {fmt(r.limit)} is below its reservation {fmt(r.reservation)}")
     if _share_weight(r.share) is None:
-        out.append(
-            f"{kind} share must be a number above 0 and at most {MAX_SHARE}, in steps "
-            f"of 0.001, got {_show(r.share)}"
-        )
+        out.append(f"{kind} share must be a number above 0 and at most {MAX_SHARE}, in steps "
+                   f"of 0.001, got {_show(r.share)}")
     if not isinstance(r.type, PoolType):
         out.append(f"{kind} type must be elastic or static, got {_show(r.type)}")
     return out
@@ -540,29 +474,19 @@ def parse_pool_tree(source: str | bytes | Mapping[str, Any]) -> PoolTree:
     """
     data = _load(source)
     if not isinstance(data, Mapping):
-        raise PoolConfigError(
-            [("", f"expected a mapping with a 'pools' key, got {type(data).__name__}")]
-        )
+        raise PoolConfigError([("", f"expected a mapping with a 'pools' key, got "
+                                    f"{type(data).__name__}")])
     unknown = [k for k in data if k != "pools"]
     if unknown:
-        raise PoolConfigError(
-            [("", f"unknown top-level field {_text(unknown[0])!r} (known: pools)")]
-        )
+        raise PoolConfigError([("", f"unknown top-level field {_text(unknown[0])!r} "
+                                    "(known: pools)")])
     pools = data.get("pools")
     if not isinstance(pools, Mapping):
-        raise PoolConfigError(
-            [
-                (
-                    "pools",
-                    "expected a mapping from pool path to its settings, "
-                    f"got {type(pools).__name__}",
-                )
-            ]
-        )
+        raise PoolConfigError([("pools", "expected a mapping from pool path to its settings, "
+                                         f"got {type(pools).__name__}")])
     if len(pools) > MAX_POOLS:  # before reading each one: that took seconds
-        raise PoolConfigError(
-            [("pools", f"at most {MAX_POOLS} pools (MAX_POOLS), got {len(pools)}")]
-        )
+        raise PoolConfigError([("pools", f"at most {MAX_POOLS} pools (MAX_POOLS), "
+                                         f"got {len(pools)}")])
     problems: list[tuple[str, str]] = []
     specs = []
     for path, body in pools.items():
@@ -597,12 +521,10 @@ def _load(source: object) -> object:
             source = bytes(source).decode("utf-8")
         except UnicodeDecodeError as err:
             raise PoolConfigError(
-                [("", f"not valid UTF-8: {err.reason} at byte {err.start}")]
-            ) from None
+                [("", f"not valid UTF-8: {err.reason} at byte {err.start}")]) from None
     if not isinstance(source, str):
-        raise PoolConfigError(
-            [("", f"expected YAML text, bytes or a mapping, got {type(source).__name__}")]
-        )
+        raise PoolConfigError([("", "expected YAML text, bytes or a mapping, got "
+                                    f"{type(source).__name__}")])
     if len(source) > MAX_SOURCE_BYTES:
         raise PoolConfigError([("", f"pool tree is over {MAX_SOURCE_BYTES} characters")])
     try:
@@ -610,9 +532,8 @@ def _load(source: object) -> object:
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"line {mark.line + 1}: " if mark is not None else ""
-        raise PoolConfigError(
-            [("", f"invalid YAML: {where}{err.problem or err.context}")]
-        ) from None
+        raise PoolConfigError([("", f"invalid YAML: {where}{err.problem or err.context}")]) \
+            from None
     except (yaml.YAMLError, RecursionError) as err:
         raise PoolConfigError([("", f"invalid YAML: {err}")]) from None
     except _UNREADABLE as err:  # e.g. an int of over 4300 digits (see workloads.spec)
@@ -625,9 +546,8 @@ def _pool_spec(path: str, body: object, problems: list[tuple[str, str]]) -> Pool
         return PoolSpec(path)
     for key in body:
         if key not in _POOL_FIELDS:
-            problems.append(
-                (path, f"unknown field {_text(key)!r} (known: {', '.join(_POOL_FIELDS)})")
-            )
+            problems.append((path, f"unknown field {_text(key)!r} (known: "
+                                   f"{', '.join(_POOL_FIELDS)})"))
     default_type = _type(body.get("type", "elastic"), path, "type", problems)
     default_share = _share(body.get("share", 1), path, "share", problems)
     description = body.get("description", "")
@@ -635,13 +555,8 @@ def _pool_spec(path: str, body: object, problems: list[tuple[str, str]]) -> Pool
         problems.append((path, f"description must be a string, got {type(description).__name__}"))
         description = ""
     elif len(description) > MAX_DESCRIPTION:
-        problems.append(
-            (
-                path,
-                f"description is {len(description)} characters, over the "
-                f"limit of {MAX_DESCRIPTION} (MAX_DESCRIPTION)",
-            )
-        )
+        problems.append((path, f"description is {len(description)} characters, over the "
+                               f"limit of {MAX_DESCRIPTION} (MAX_DESCRIPTION)"))
         description = ""
     kinds = {}
     for kind in POOL_KINDS:
@@ -664,34 +579,22 @@ def _type(value: object, path: str, name: str, problems: list) -> PoolType:
 
 def _share(value: object, path: str, name: str, problems: list) -> float:
     if _share_weight(value) is None:
-        problems.append(
-            (
-                path,
-                f"{name} must be a number above 0 and at most {MAX_SHARE}, in "
-                f"steps of 0.001, got {_show(value)}",
-            )
-        )
+        problems.append((path, f"{name} must be a number above 0 and at most {MAX_SHARE}, in "
+                               f"steps of 0.001, got {_show(value)}"))
         return 1.0
     return value
 
 
-def _resource_spec(
-    path: str, kind: str, body: object, default_type: PoolType, default_share: float, problems: list
-) -> ResourceSpec:
+def _resource_spec(path: str, kind: str, body: object, default_type: PoolType,
+                   default_share: float, problems: list) -> ResourceSpec:
     if not isinstance(body, Mapping):
-        problems.append(
-            (
-                path,
-                f"{kind}: expected a mapping with reservation/limit/share/type, "
-                f"got {type(body).__name__}",
-            )
-        )
+        problems.append((path, f"{kind}: expected a mapping with reservation/limit/share/type, "
+                               f"got {type(body).__name__}"))
         return ResourceSpec(share=default_share, type=default_type)
     for key in body:
         if key not in _KIND_FIELDS:
-            problems.append(
-                (path, f"{kind}: unknown field {_text(key)!r} (known: {', '.join(_KIND_FIELDS)})")
-            )
+            problems.append((path, f"{kind}: unknown field {_text(key)!r} (known: "
+                                   f"{', '.join(_KIND_FIELDS)})"))
     amounts: dict[str, int | None] = {"reservation": 0, "limit": None}
     for name in ("reservation", "limit"):
         value = body.get(name)
@@ -707,6 +610,5 @@ def _resource_spec(
     ptype = default_type
     if body.get("type") is not None:
         ptype = _type(body["type"], path, f"{kind} type", problems)
-    return ResourceSpec(
-        reservation=amounts["reservation"], limit=amounts["limit"], share=share, type=ptype
-    )
+    return ResourceSpec(reservation=amounts["reservation"], limit=amounts["limit"],
+                        share=share, type=ptype)

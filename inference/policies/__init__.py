@@ -27,14 +27,8 @@ waits for its frontrun exactly); ours dropping only the hopeless (no window drop
 Clockwork allowed every batch size, not just the powers of two it compiles."""
 
 
-def make_policy(
-    name: str,
-    models: Sequence[ModelSpec],
-    gpus: Sequence[Gpu],
-    *,
-    seed: int = 0,
-    rates: Mapping[str, float] | None = None,
-) -> Policy:
+def make_policy(name: str, models: Sequence[ModelSpec], gpus: Sequence[Gpu], *, seed: int = 0,
+                rates: Mapping[str, float] | None = None) -> Policy:
     """Build policy ``name``. ``rates`` (mean req/s per model) is what Nexus plans from
     and what sizes Triton's and Ray's replicas; ``seed`` feeds the only policy that
     draws random numbers (Ray's two choices)."""

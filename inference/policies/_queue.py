@@ -51,7 +51,7 @@ class DeadlineQueue:
 
     def pop_n(self, n: int) -> tuple[int, ...]:
         h = self.head
-        out = tuple(self.ids[h : h + n])
+        out = tuple(self.ids[h:h + n])
         self.head = h + len(out)
         self._maybe_compact()
         return out

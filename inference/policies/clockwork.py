@@ -42,14 +42,8 @@ def pow2_sizes(max_batch: int) -> tuple[int, ...]:
 class Clockwork:
     name = "clockwork"
 
-    def __init__(
-        self,
-        models: Sequence[ModelSpec],
-        gpus: Sequence[Gpu],
-        *,
-        batch_sizes: str = "pow2",
-        schedule_ahead_ns: int = 0,
-    ) -> None:
+    def __init__(self, models: Sequence[ModelSpec], gpus: Sequence[Gpu], *,
+                 batch_sizes: str = "pow2", schedule_ahead_ns: int = 0) -> None:
         if len({g.gpu_type for g in gpus}) != 1:
             raise ValueError("the Clockwork baseline models one GPU type")
         if batch_sizes not in ("pow2", "all"):
@@ -76,9 +70,8 @@ class Clockwork:
         self._queues[self._index[request.model]].push(request.deadline_ns, request.id)
         self._queued += 1
 
-    def _best_strategy(
-        self, i: int, start: int, out: list[Decision]
-    ) -> tuple[int, int, int] | None:
+    def _best_strategy(self, i: int, start: int,
+                       out: list[Decision]) -> tuple[int, int, int] | None:
         """Model ``i``'s most urgent valid strategy at ``start``: (priority, skip, batch)."""
         q = self._queues[i]
         lat1 = self._prof[i].latency(1)

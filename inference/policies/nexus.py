@@ -46,9 +46,8 @@ def plan_for_pool(sessions: Sequence[Session], n_gpus: int) -> list[GpuPlan]:
         extra = plan.pop()
         target = min(range(len(plan)), key=lambda i: plan[i].occupancy)
         host = plan[target]
-        plan[target] = GpuPlan(
-            host.duty_cycle_ns, host.allocations + extra.allocations, host.exec_ns + extra.exec_ns
-        )
+        plan[target] = GpuPlan(host.duty_cycle_ns, host.allocations + extra.allocations,
+                               host.exec_ns + extra.exec_ns)
     return plan
 
 
@@ -59,17 +58,14 @@ def _scaled(sessions: Sequence[Session], f: float) -> list[Session]:
 class Nexus:
     name = "nexus"
 
-    def __init__(
-        self, models: Sequence[ModelSpec], gpus: Sequence[Gpu], *, rates: Mapping[str, float]
-    ) -> None:
+    def __init__(self, models: Sequence[ModelSpec], gpus: Sequence[Gpu], *,
+                 rates: Mapping[str, float]) -> None:
         if len({g.gpu_type for g in gpus}) != 1:
             raise ValueError("the Nexus baseline models one GPU type")
         gtype = gpus[0].gpu_type
         self._prof = {m.name: m.profile_for(gtype) for m in models}
-        sessions = [
-            Session(m.name, self._prof[m.name], m.slo_ns, float(rates.get(m.name, 0.0)))
-            for m in models
-        ]
+        sessions = [Session(m.name, self._prof[m.name], m.slo_ns, float(rates.get(m.name, 0.0)))
+                    for m in models]
         plan = plan_for_pool(sessions, len(gpus))
         self._gpu_ids = [g.id for g in gpus]
         self._free = [g.free_at_ns for g in gpus]

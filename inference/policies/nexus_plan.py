@@ -118,12 +118,14 @@ def squishy_bin_pack(sessions: Iterable[Session]) -> list[GpuPlan]:
         lat = s.profile.latency(b_sat)
         per_gpu = b_sat * 1e9 / lat
         full = int(s.rate // per_gpu)
-        plans.extend(GpuPlan(lat, (Allocation(s.model, b_sat, per_gpu),), lat) for _ in range(full))
+        plans.extend(GpuPlan(lat, (Allocation(s.model, b_sat, per_gpu),), lat)
+                     for _ in range(full))
         left = s.rate - full * per_gpu
         if left > 1e-9:
             rs = Session(s.model, s.profile, s.slo_ns, left)
             b, d = residual_batch(s.profile, s.slo_ns, left)
-            residual.append((rs, GpuPlan(d, (Allocation(s.model, b, left),), s.profile.latency(b))))
+            residual.append((rs, GpuPlan(d, (Allocation(s.model, b, left),),
+                                         s.profile.latency(b))))
     # Largest occupancy first; each goes to the shared GPU it fills fullest, else a new one.
     residual.sort(key=lambda item: -item[1].occupancy)
     nodes: list[tuple[list[Session], GpuPlan]] = []

@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 
-def proportional_replicas(
-    models: Sequence[str], n_gpus: int, rates: Mapping[str, float] | None
-) -> list[list[int]]:
+def proportional_replicas(models: Sequence[str], n_gpus: int,
+                          rates: Mapping[str, float] | None) -> list[list[int]]:
     """For each model (in order), the GPU indices hosting a replica of it.
 
     Without rates, every model is on every GPU.

@@ -35,16 +35,9 @@ from inference.profile import MS
 class RayServe:
     name = "rayserve"
 
-    def __init__(
-        self,
-        models: Sequence[ModelSpec],
-        gpus: Sequence[Gpu],
-        *,
-        rng: random.Random,
-        batch_wait_ns: int = 10 * MS,
-        max_ongoing: int | None = None,
-        rates: Mapping[str, float] | None = None,
-    ) -> None:
+    def __init__(self, models: Sequence[ModelSpec], gpus: Sequence[Gpu], *, rng: random.Random,
+                 batch_wait_ns: int = 10 * MS, max_ongoing: int | None = None,
+                 rates: Mapping[str, float] | None = None) -> None:
         self._rng = rng
         self._wait = batch_wait_ns
         self._gpu_ids = [g.id for g in gpus]
@@ -52,9 +45,9 @@ class RayServe:
         self._names = [m.name for m in models]
         self._index = {m.name: i for i, m in enumerate(models)}
         hosts = proportional_replicas(self._names, len(gpus), rates)
-        self._reps: list[list[int]] = []  # model -> its replica ids
-        self._rep_model: list[int] = []  # replica -> model
-        self._rep_gpu: list[int] = []  # replica -> GPU
+        self._reps: list[list[int]] = []      # model -> its replica ids
+        self._rep_model: list[int] = []       # replica -> model
+        self._rep_gpu: list[int] = []         # replica -> GPU
         self._rep_prof = []
         for i, (m, h) in enumerate(zip(models, hosts, strict=True)):
             self._reps.append([])

@@ -26,12 +26,8 @@ from inference.policies.placement import proportional_replicas
 class Triton:
     name = "triton"
 
-    def __init__(
-        self,
-        models: Sequence[ModelSpec],
-        gpus: Sequence[Gpu],
-        rates: Mapping[str, float] | None = None,
-    ) -> None:
+    def __init__(self, models: Sequence[ModelSpec], gpus: Sequence[Gpu],
+                 rates: Mapping[str, float] | None = None) -> None:
         self._gpu_ids = [g.id for g in gpus]
         self._gpu_free = [g.free_at_ns for g in gpus]
         self._names = [m.name for m in models]

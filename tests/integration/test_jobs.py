@@ -196,12 +196,8 @@ async def test_unplaceable_job_waits_and_says_why(region):
     await region.fleet(2, inventories=[Inventory(16, 64 * GiB), Inventory(16, 64 * GiB)])
     await region.ready(3)
     huge = await region.client.submit(spec("huge", "true", resources={"cpu": 512}))
-    wide = await region.client.submit(
-        {
-            "name": "wide",
-            "tasks": [{"role": "w", "simulate": {"duration": "1s"}, "resources": {"cpu": 20}}],
-        }
-    )
+    wide = await region.client.submit({"name": "wide", "tasks": [
+        {"role": "w", "simulate": {"duration": "1s"}, "resources": {"cpu": 20}}]})
 
     async def reason(job_id):
         job = await region.client.job(job_id)

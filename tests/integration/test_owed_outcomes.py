@@ -23,7 +23,9 @@ FORGOTTEN_S = 1.5  # the coordinator's "forgot it" deadline, shortened for the t
 
 
 @pytest.mark.parametrize("kind", ["agent", "hollow"])
-async def test_a_task_ending_while_events_cannot_be_stored_is_not_lost(region, monkeypatch, kind):
+async def test_a_task_ending_while_events_cannot_be_stored_is_not_lost(
+    region, monkeypatch, kind
+):
     monkeypatch.setattr(reconcile_module, "FORGOTTEN_AFTER_S", FORGOTTEN_S)
     await region.coordinator()
     if kind == "agent":

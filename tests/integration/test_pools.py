@@ -21,11 +21,8 @@ pools:
 
 
 def sim_job(name: str, pool: str, seconds: float) -> dict:
-    return {
-        "name": name,
-        "pool": pool,
-        "tasks": [{"role": "w", "simulate": {"duration": f"{seconds}s"}, "resources": {"cpu": 5}}],
-    }
+    return {"name": name, "pool": pool, "tasks": [
+        {"role": "w", "simulate": {"duration": f"{seconds}s"}, "resources": {"cpu": 5}}]}
 
 
 async def running_cpu(client) -> dict[str, int]:
@@ -45,9 +42,8 @@ async def test_idle_pool_reclaims_its_entitlement_by_preemption(region):
     assert await client.pool_apply(POOLS) == ["/", "/a", "/b", "/c", "/default"]
 
     # /a idle: /b and /c borrow everything (50 cores each).
-    borrowers = [
-        await client.submit(sim_job(f"{p}{i}", f"/{p}", 3.0)) for p in "bc" for i in range(14)
-    ]
+    borrowers = [await client.submit(sim_job(f"{p}{i}", f"/{p}", 3.0))
+                 for p in "bc" for i in range(14)]
     await eventually(lambda: _held(client, {"/b": 50, "/c": 50}), timeout=20)
 
     # /a wants 50: its entitlement becomes ~33 and /b, /c are preempted down to theirs.
@@ -111,41 +107,24 @@ async def test_elastic_job_shrinks_to_its_minimum_before_anything_is_killed(regi
     await region.fleet(10, inventories=[Inventory(10, 64 * GiB)] * 10)  # 100 cores
     await region.ready(10)
     client = region.client
-    await client.pool_apply(
-        "pools:\n  /a: {cpu: {reservation: 50}}\n  /b: {cpu: {reservation: 50}}\n"
-    )
-    elastic = await client.submit(
-        {
-            "name": "elastic",
-            "pool": "/b",
-            "min_tasks": 4,
-            "tasks": [
-                {"role": "w", "count": 10, "simulate": {"duration": "4s"}, "resources": {"cpu": 10}}
-            ],
-        }
-    )
+    await client.pool_apply("pools:\n  /a: {cpu: {reservation: 50}}\n"
+                            "  /b: {cpu: {reservation: 50}}\n")
+    elastic = await client.submit({"name": "elastic", "pool": "/b", "min_tasks": 4, "tasks": [
+        {"role": "w", "count": 10, "simulate": {"duration": "4s"}, "resources": {"cpu": 10}}]})
 
     async def running(job_id, n):
         job = await client.job(job_id)
         return job if job["task_states"].get("RUNNING", 0) == n else None
 
     await eventually(lambda: running(elastic, 10))
-    gang = await client.submit(
-        {
-            "name": "gang",
-            "pool": "/a",
-            "tasks": [
-                {"role": "w", "count": 5, "simulate": {"duration": "1s"}, "resources": {"cpu": 10}}
-            ],
-        }
-    )
+    gang = await client.submit({"name": "gang", "pool": "/a", "tasks": [
+        {"role": "w", "count": 5, "simulate": {"duration": "1s"}, "resources": {"cpu": 10}}]})
     await eventually(lambda: running(gang, 5), timeout=15)
     job = await client.job(elastic)
     assert job["state"] == "RUNNING" and job["task_states"].get("RUNNING") == 5, job
     shrunk = [t for t in job["task_list"] if any(h["state"] == "PREEMPTED" for h in t["history"])]
     assert len(shrunk) == 5
-    assert all(
-        "shrink" in h["message"] for t in shrunk for h in t["history"] if h["state"] == "PREEMPTED"
-    )
+    assert all("shrink" in h["message"] for t in shrunk for h in t["history"]
+               if h["state"] == "PREEMPTED")
     assert (await client.wait(gang, timeout=30))["state"] == "SUCCEEDED"
     assert (await client.wait(elastic, timeout=60))["state"] == "SUCCEEDED"

@@ -41,11 +41,8 @@ def drive(core: RouterCore, requests: list[Request]) -> list[tuple[int, object]]
 
 
 def one_model(slo_ms: float = 100, gpus: int = 1, **cfg: object) -> RouterCore:
-    return RouterCore(
-        [ModelSpec.single("m", int(slo_ms * MS), P)],
-        [Gpu(f"g{j}") for j in range(gpus)],
-        RouterConfig(**cfg),
-    )
+    return RouterCore([ModelSpec.single("m", int(slo_ms * MS), P)],
+                      [Gpu(f"g{j}") for j in range(gpus)], RouterConfig(**cfg))
 
 
 # ---------------------------------------------------------------- exact cases
@@ -92,19 +89,15 @@ def test_impossible_deadline_is_dropped_with_a_clear_reason() -> None:
 
 
 def test_goes_to_the_gpu_that_frees_first() -> None:
-    core = RouterCore(
-        [ModelSpec.single("m", 100 * MS, P)],
-        [Gpu("late", free_at_ns=50 * MS), Gpu("early", free_at_ns=20 * MS)],
-    )
+    core = RouterCore([ModelSpec.single("m", 100 * MS, P)],
+                      [Gpu("late", free_at_ns=50 * MS), Gpu("early", free_at_ns=20 * MS)])
     ((when, d),) = drive(core, [Request(i, "m", 0, 100 * MS) for i in range(8)])
     assert d.gpu_id == "early" and d.start_ns == when == 20 * MS
 
 
 def test_most_urgent_candidate_gets_the_only_gpu() -> None:
-    core = RouterCore(
-        [ModelSpec.single("x", 100 * MS, P), ModelSpec.single("y", 60 * MS, P)],
-        [Gpu("g", free_at_ns=10 * MS)],
-    )
+    core = RouterCore([ModelSpec.single("x", 100 * MS, P), ModelSpec.single("y", 60 * MS, P)],
+                      [Gpu("g", free_at_ns=10 * MS)])
     reqs = [Request(i, "x", 0, 100 * MS) for i in range(8)]
     reqs += [Request(8 + i, "y", 0, 60 * MS) for i in range(8)]
     out = drive(core, reqs)
@@ -150,7 +143,7 @@ def test_dispatch_lead_starts_batches_after_the_control_latency() -> None:
 
 
 def test_target_batch_follows_the_measured_rate() -> None:
-    assert target_batch(SYMPHONY_HARNESS, 100 * MS, None) == 32  # l(b) <= 50 ms, capped
+    assert target_batch(SYMPHONY_HARNESS, 100 * MS, None) == 32   # l(b) <= 50 ms, capped
     assert target_batch(SYMPHONY_HARNESS, 100 * MS, 10.0) == 1
     # l(b) + b / r <= 100 ms at 200 req/s: (100 - 5.204) / (1.082 + 5) = 15.6
     assert target_batch(SYMPHONY_HARNESS, 100 * MS, 200.0) == 15
@@ -187,12 +180,8 @@ profiles = st.builds(
 def scenarios(draw: st.DrawFn) -> tuple[list[ModelSpec], list[Gpu], list[Request], RouterConfig]:
     types = draw(st.lists(st.sampled_from(["t4", "a100"]), min_size=1, max_size=4))
     n_models = draw(st.integers(1, 3))
-    models = [
-        ModelSpec(
-            f"m{i}", draw(st.integers(1 * MS, 200 * MS)), {t: draw(profiles) for t in set(types)}
-        )
-        for i in range(n_models)
-    ]
+    models = [ModelSpec(f"m{i}", draw(st.integers(1 * MS, 200 * MS)),
+                        {t: draw(profiles) for t in set(types)}) for i in range(n_models)]
     gpus = [Gpu(f"g{j}", draw(st.integers(0, 30 * MS)), t) for j, t in enumerate(types)]
     n = draw(st.integers(0, 40))
     t = 0
@@ -202,12 +191,10 @@ def scenarios(draw: st.DrawFn) -> tuple[list[ModelSpec], list[Gpu], list[Request
         m = draw(st.sampled_from(models))
         slack = draw(st.integers(-5 * MS, 50 * MS))  # out-of-order and past deadlines too
         reqs.append(Request(i, m.name, t, t + max(0, m.slo_ns + slack)))
-    cfg = RouterConfig(
-        drop_policy=draw(st.sampled_from(["window", "strict"])),
-        grant_window=draw(st.sampled_from([0.0, 0.2, 0.5, 0.9])),
-        dispatch_lead_ns=draw(st.sampled_from([0, 150_000, 2 * MS])),
-        rate_bucket_ns=draw(st.sampled_from([5 * MS, 50 * MS])),
-    )
+    cfg = RouterConfig(drop_policy=draw(st.sampled_from(["window", "strict"])),
+                       grant_window=draw(st.sampled_from([0.0, 0.2, 0.5, 0.9])),
+                       dispatch_lead_ns=draw(st.sampled_from([0, 150_000, 2 * MS])),
+                       rate_bucket_ns=draw(st.sampled_from([5 * MS, 50 * MS])))
     return models, gpus, reqs, cfg
 
 

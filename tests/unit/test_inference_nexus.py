@@ -53,8 +53,8 @@ def test_b_fits_beside_a_on_one_gpu_and_c_does_not() -> None:
     assert [(x.model, x.batch) for x in ab.allocations] == [("A", 8), ("B", 4)]
     assert ab.exec_ns == 75 * MS + 50 * MS == 125 * MS
     assert ab.duty_cycle_ns + B.latency(4) == 175 * MS <= 250 * MS
-    assert _node([SA, SC], 125 * MS) is None  # 75 + 60 = 135 > 125 ms
-    assert _node([SA, SB, SC], 125 * MS) is None  # 75 + 50 + 60 = 185 > 125 ms
+    assert _node([SA, SC], 125 * MS) is None          # 75 + 60 = 135 > 125 ms
+    assert _node([SA, SB, SC], 125 * MS) is None      # 75 + 50 + 60 = 185 > 125 ms
 
 
 def test_squishy_bin_packing_of_the_example_needs_two_gpus() -> None:

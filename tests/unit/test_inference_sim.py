@@ -58,29 +58,8 @@ def test_same_seed_same_result_and_json_cli(capsys: pytest.CaptureFixture[str]) 
     a = run_policy("rayserve", SMALL, rate=800.0, cv=4.0, seed=3)
     b = run_policy("rayserve", SMALL, rate=800.0, cv=4.0, seed=3)
     assert (a.served_on_time, a.late, a.dropped) == (b.served_on_time, b.late, b.dropped)
-    assert (
-        main(
-            [
-                "--policy",
-                "all",
-                "--rate",
-                "400",
-                "--gpus",
-                "2",
-                "--models",
-                "3",
-                "--duration",
-                "1",
-                "--warmup",
-                "0.2",
-                "--arrival",
-                "gamma",
-                "--cv",
-                "2",
-            ]
-        )
-        == 0
-    )
+    assert main(["--policy", "all", "--rate", "400", "--gpus", "2", "--models", "3",
+                 "--duration", "1", "--warmup", "0.2", "--arrival", "gamma", "--cv", "2"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     out = json.loads(last)
     assert [r["policy"] for r in out["results"]] == list(POLICIES)
@@ -89,23 +68,8 @@ def test_same_seed_same_result_and_json_cli(capsys: pytest.CaptureFixture[str]) 
 def test_trace_replay_cli(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "t.csv"
     write_trace(path, [(i * 2 * MS, "a" if i % 3 else "b") for i in range(500)])
-    assert (
-        main(
-            [
-                "--arrival",
-                "trace",
-                "--trace",
-                str(path),
-                "--policy",
-                "nexus",
-                "--gpus",
-                "2",
-                "--warmup",
-                "0",
-            ]
-        )
-        == 0
-    )
+    assert main(["--arrival", "trace", "--trace", str(path), "--policy", "nexus",
+                 "--gpus", "2", "--warmup", "0"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["results"][0]["arrived"] == 500
 
@@ -122,10 +86,8 @@ class _Cheater:
         self.q.append(request)
 
     def step(self, now_ns: int) -> list:
-        out = [
-            Dispatch("g0", r.model, (r.id,), now_ns, now_ns + RESNET50_V100.latency(1))
-            for r in self.q
-        ]
+        out = [Dispatch("g0", r.model, (r.id,), now_ns, now_ns + RESNET50_V100.latency(1))
+               for r in self.q]
         self.q.clear()
         return out
 

@@ -28,9 +28,8 @@ def job(job_id: str, n: float, pool: str = V, **kw) -> PendingJob:
 
 
 def run(pending, alloc=0, ent=8, np=0, **kw):
-    return admit(
-        TREE, pending, {V: gpus(ent), "/ml/nlp": gpus(ent)}, {V: gpus(alloc)}, {V: gpus(np)}, **kw
-    )
+    return admit(TREE, pending, {V: gpus(ent), "/ml/nlp": gpus(ent)}, {V: gpus(alloc)},
+                 {V: gpus(np)}, **kw)
 
 
 def test_blocked_reason_names_pool_kind_and_amounts():
@@ -47,14 +46,8 @@ def test_gang_admitted_whole_or_not_at_all():
 
 
 def test_priority_orders_within_a_pool_ties_keep_queue_order():
-    a = run(
-        [
-            job("low", 4),
-            job("mid1", 2, priority=5),
-            job("high", 4, priority=9),
-            job("mid2", 2, priority=5),
-        ]
-    )
+    a = run([job("low", 4), job("mid1", 2, priority=5), job("high", 4, priority=9),
+             job("mid2", 2, priority=5)])
     assert a.admitted == ["high", "mid1", "mid2"]
     assert set(a.blocked) == {"low"}
 
@@ -70,8 +63,7 @@ def test_non_preemptible_only_within_reservation():
     assert a.admitted == ["p"]
     assert a.blocked["np"] == (
         "pool /ml/vision: gpu non-preemptible allocation 2 + job 3 > reservation 4 "
-        "(a non-preemptible job never runs on borrowed capacity)"
-    )
+        "(a non-preemptible job never runs on borrowed capacity)")
     a = run([job("np", 2, preemptible=False)], np=2, alloc=2)
     assert a.admitted == ["np"]
     assert a.non_preemptible[V] == gpus(4) and a.allocation[V] == gpus(4)
@@ -82,20 +74,16 @@ def test_jobs_that_can_never_fit_are_flagged_and_block_nothing():
     assert a.admitted == ["ok"]
     assert a.never == {"huge", "np"}
     assert a.blocked["huge"] == "pool /ml/vision: can never be admitted: gpu job 9 > limit 8"
-    assert a.blocked["np"] == (
-        "pool /ml/vision: can never be admitted: gpu job 5 > reservation "
-        "4 (a non-preemptible job must fit in the reservation)"
-    )
+    assert a.blocked["np"] == ("pool /ml/vision: can never be admitted: gpu job 5 > reservation "
+                               "4 (a non-preemptible job must fit in the reservation)")
 
 
 def test_blocked_job_does_not_block_smaller_ones_within_lookahead():
     pending = [job("big", 6), job("s1", 1), job("s2", 1), job("s3", 1)]
     a = run(pending, alloc=4, lookahead=2)
     assert a.admitted == ["s1", "s2"]
-    assert a.blocked["s3"] == (
-        "pool /ml/vision: waiting behind blocked job big: the look-ahead "
-        "of 2 jobs past it is used up this cycle"
-    )
+    assert a.blocked["s3"] == ("pool /ml/vision: waiting behind blocked job big: the look-ahead "
+                               "of 2 jobs past it is used up this cycle")
     assert run(pending, alloc=4, lookahead=16).admitted == ["s1", "s2", "s3"]
     assert run(pending, alloc=4, lookahead=0).admitted == []
 
@@ -137,18 +125,14 @@ def test_kinds_a_job_does_not_ask_for_do_not_block_it():
 def test_several_kinds_short_in_one_reason():
     ent = {V: Resources(cpu=1000, memory=2**30)}
     a = admit(TREE, [PendingJob("j", V, Resources(cpu=2000, memory=2**31))], ent, {})
-    assert a.blocked["j"] == (
-        "pool /ml/vision: cpu allocation 0 + job 2 > entitlement 1; "
-        "memory allocation 0 + job 2Gi > entitlement 1Gi"
-    )
+    assert a.blocked["j"] == ("pool /ml/vision: cpu allocation 0 + job 2 > entitlement 1; "
+                              "memory allocation 0 + job 2Gi > entitlement 1Gi")
 
 
 def test_unknown_and_inner_pools():
     a = admit(TREE, [job("x", 1, pool="/nope"), job("y", 1, pool="/ml")], {}, {})
-    assert a.blocked == {
-        "x": "pool /nope: no such pool",
-        "y": "pool /ml: has child pools; jobs are submitted to leaf pools",
-    }
+    assert a.blocked == {"x": "pool /nope: no such pool",
+                         "y": "pool /ml: has child pools; jobs are submitted to leaf pools"}
     assert a.never == {"x", "y"}
 
 
@@ -160,25 +144,12 @@ def test_inputs_untouched():
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.sampled_from([V, "/ml/nlp", "/web"]),
-            st.integers(0, 5000),
-            st.integers(0, 3),
-            st.booleans(),
-        ),
-        max_size=25,
-    ),
-    st.integers(0, 9000),
-    st.integers(0, 9000),
-    st.integers(0, 4),
-)
+@given(st.lists(st.tuples(st.sampled_from([V, "/ml/nlp", "/web"]), st.integers(0, 5000),
+                          st.integers(0, 3), st.booleans()), max_size=25),
+       st.integers(0, 9000), st.integers(0, 9000), st.integers(0, 4))
 def test_never_over_entitlement_or_reservation(specs, ent_gpu, alloc_gpu, lookahead):
-    pending = [
-        PendingJob(f"j{i}", p, Resources(gpu=g), priority=pr, preemptible=pre)
-        for i, (p, g, pr, pre) in enumerate(specs)
-    ]
+    pending = [PendingJob(f"j{i}", p, Resources(gpu=g), priority=pr, preemptible=pre)
+               for i, (p, g, pr, pre) in enumerate(specs)]
     leaves = (V, "/ml/nlp", "/web")
     ent = {p: Resources(gpu=ent_gpu) for p in leaves}
     alloc = {p: Resources(gpu=alloc_gpu) for p in leaves}
@@ -190,11 +161,8 @@ def test_never_over_entitlement_or_reservation(specs, ent_gpu, alloc_gpu, lookah
         assert a.allocation[p].gpu == alloc_gpu + admitted
         if admitted:
             assert alloc_gpu + admitted <= ent_gpu
-        np_admitted = sum(
-            j.resources.gpu
-            for j in pending
-            if j.pool == p and j.job_id in a.admitted and not j.preemptible
-        )
+        np_admitted = sum(j.resources.gpu for j in pending
+                          if j.pool == p and j.job_id in a.admitted and not j.preemptible)
         assert np_admitted <= TREE[p].gpu.reservation
 
 

@@ -60,7 +60,8 @@ pools:
 
 def test_allocation_counts_as_demand():
     cap = Resources(cpu=100_000)
-    split = compute_entitlement(PELOTON, cap, cores(rp1=5, rp2=40, rp3=80), cores(rp1=5, rp2=40))
+    split = compute_entitlement(PELOTON, cap, cores(rp1=5, rp2=40, rp3=80),
+                                cores(rp1=5, rp2=40))
     whole = compute_entitlement(PELOTON, cap, cores(rp1=10, rp2=80, rp3=80))
     assert split == whole
 
@@ -142,8 +143,7 @@ pools:
 """)
     dem = {"/b": Resources(gpu=3_000)}
     assert reservation_shortfall(tree, Resources(gpu=6_000)) == [
-        "/: gpu reservations of its children sum to 9, above the capacity 6"
-    ]
+        "/: gpu reservations of its children sum to 9, above the capacity 6"]
     ent = compute_entitlement(tree, Resources(gpu=6_000), dem)
     assert (ent["/a"].gpu, ent["/b"].gpu) == (4_000, 2_000)
     assert reservation_shortfall(tree, Resources(gpu=9_000)) == []
@@ -157,11 +157,8 @@ pools:
   /ml/nlp: {}
   /web: {}
 """)
-    dem = {
-        "/ml/vision": Resources(gpu=20_000),
-        "/ml/nlp": Resources(gpu=1_000),
-        "/web": Resources(gpu=1_000),
-    }
+    dem = {"/ml/vision": Resources(gpu=20_000), "/ml/nlp": Resources(gpu=1_000),
+           "/web": Resources(gpu=1_000)}
     ent = compute_entitlement(tree, Resources(gpu=16_000), dem)
     assert ent["/ml/vision"].gpu == 6_000
     assert ent["/ml/nlp"].gpu == 2_000  # its want 1 met, plus the leftover up to /ml's limit
@@ -186,15 +183,11 @@ def test_bad_inputs():
 
 
 def test_demand_by_pool():
-    jobs = [
-        PendingJob("a", "/rp1", Resources(cpu=1, gpu=2)),
-        PendingJob("b", "/rp1", Resources(cpu=10, memory=5)),
-        PendingJob("c", "/rp2", Resources(disk=7)),
-    ]
-    assert demand_by_pool(jobs) == {
-        "/rp1": Resources(cpu=11, memory=5, gpu=2),
-        "/rp2": Resources(disk=7),
-    }
+    jobs = [PendingJob("a", "/rp1", Resources(cpu=1, gpu=2)),
+            PendingJob("b", "/rp1", Resources(cpu=10, memory=5)),
+            PendingJob("c", "/rp2", Resources(disk=7))]
+    assert demand_by_pool(jobs) == {"/rp1": Resources(cpu=11, memory=5, gpu=2),
+                                    "/rp2": Resources(disk=7)}
 
 
 # --------------------------------------------------------------------------- _fill
@@ -213,10 +206,8 @@ def unit_by_unit(total: int, weights: list[int], caps: list[int]) -> list[int]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(
-    st.lists(st.tuples(st.integers(1, 7), st.integers(0, 40)), min_size=1, max_size=6),
-    st.integers(0, 150),
-)
+@given(st.lists(st.tuples(st.integers(1, 7), st.integers(0, 40)), min_size=1, max_size=6),
+       st.integers(0, 150))
 def test_fill_is_unit_by_unit_handout(items, total):
     weights = [w for w, _ in items]
     caps = [c for _, c in items]

@@ -28,15 +28,8 @@ def rj(job_id, n, pool="/batch", **kw) -> RunningJob:
 
 
 def choose(running, ent, demand, counts=None, cycles=1, cap=CAP):
-    return choose_victims(
-        TREE,
-        cap,
-        {p: gpus(v) for p, v in ent.items()},
-        running,
-        {p: gpus(v) for p, v in demand.items()},
-        counts or {},
-        cycles=cycles,
-    )
+    return choose_victims(TREE, cap, {p: gpus(v) for p, v in ent.items()}, running,
+                          {p: gpus(v) for p, v in demand.items()}, counts or {}, cycles=cycles)
 
 
 def killed(choice) -> list[str]:
@@ -66,35 +59,27 @@ def test_free_capacity_is_used_before_anything_is_preempted():
 
 
 def test_elastic_jobs_shrink_before_anything_is_killed():
-    running = [
-        rj("rigid", 4, running_for=1),
-        rj("elastic", 8, tasks=8, min_tasks=2, running_for=100),
-    ]
+    running = [rj("rigid", 4, running_for=1), rj("elastic", 8, tasks=8, min_tasks=2,
+                                                  running_for=100)]
     c = choose(running, {"/batch": 8, "/ml/vision": 4}, {"/ml/vision": 4}, cap=gpus(12))
     assert [(v.job_id, v.action, v.tasks, v.frees) for v in c.victims] == [
-        ("elastic", "shrink", 4, gpus(4))
-    ]
+        ("elastic", "shrink", 4, gpus(4))]
 
 
 def test_shrink_to_minimum_then_kill_whole_gangs():
-    running = [
-        rj("rigid", 6, tasks=3, running_for=1),
-        rj("elastic", 6, tasks=6, min_tasks=4, running_for=100),
-    ]
+    running = [rj("rigid", 6, tasks=3, running_for=1),
+               rj("elastic", 6, tasks=6, min_tasks=4, running_for=100)]
     # /batch holds 12 with entitlement 4; /ml/vision is owed 8, nothing is free.
     c = choose(running, {"/batch": 4, "/ml/vision": 12}, {"/ml/vision": 8})
     assert [(v.job_id, v.action, v.tasks, v.frees.gpu) for v in c.victims] == [
-        ("elastic", "shrink", 2, 2000),
-        ("rigid", "kill", 3, 6000),
-    ]
+        ("elastic", "shrink", 2, 2000), ("rigid", "kill", 3, 6000)]
 
 
 def test_a_shrunk_job_that_is_then_killed_is_one_victim():
     running = [rj("elastic", 8, tasks=4, min_tasks=2)]
     c = choose(running, {"/batch": 0, "/ml/vision": 8}, {"/ml/vision": 8}, cap=gpus(8))
     assert [(v.job_id, v.action, v.tasks, v.frees.gpu) for v in c.victims] == [
-        ("elastic", "kill", 4, 8000)
-    ]
+        ("elastic", "kill", 4, 8000)]
 
 
 def test_smallest_set_within_the_shortest_covering_prefix():
@@ -119,11 +104,8 @@ def test_lower_priority_first_even_if_it_takes_more_gangs():
 
 
 def test_furthest_over_pool_first():
-    running = [
-        rj("b", 4, pool="/batch", priority=0),
-        rj("w", 4, pool="/web", priority=0),
-        rj("w2", 4, pool="/web", priority=9),
-    ]
+    running = [rj("b", 4, pool="/batch", priority=0), rj("w", 4, pool="/web", priority=0),
+               rj("w2", 4, pool="/web", priority=9)]
     ent = {"/batch": 3, "/web": 1, "/ml/vision": 4}  # /web is 7 over, /batch 1
     c = choose(running, ent, {"/ml/vision": 4}, cap=gpus(12))
     assert killed(c) == ["w"]
@@ -142,21 +124,14 @@ def test_non_preemptible_never_victims():
 
 
 def test_reason_names_the_claiming_pool_and_the_overage():
-    c = choose(
-        [rj("b", 4, tasks=2)],
-        {"/batch": 0, "/ml/vision": 4},
-        {"/ml/vision": 4},
-        counts={"/batch": 4},
-        cycles=5,
-        cap=gpus(4),
-    )
+    c = choose([rj("b", 4, tasks=2)], {"/batch": 0, "/ml/vision": 4}, {"/ml/vision": 4},
+               counts={"/batch": 4}, cycles=5, cap=gpus(4))
     (v,) = c.victims
     assert v.claimant == "/ml/vision"
     assert v.reason == (
         "stop b (all 2 tasks, priority 0) in /batch, over its entitlement for 5 cycles (gpu "
         "allocation 4 > entitlement 0); for /ml/vision, which is below its entitlement with "
-        "work pending and is owed gpu 4 held by pools over theirs"
-    )
+        "work pending and is owed gpu 4 held by pools over theirs")
 
 
 def test_several_claimants_never_share_a_victim():
@@ -164,60 +139,30 @@ def test_several_claimants_never_share_a_victim():
     ent = {"/batch": 0, "/ml/vision": 4, "/ml/nlp": 4}
     c = choose(running, ent, {"/ml/vision": 4, "/ml/nlp": 4}, cap=gpus(8))
     assert sorted((v.job_id, v.claimant) for v in c.victims) == [
-        ("b1", "/ml/nlp"),
-        ("b2", "/ml/vision"),
-    ]
+        ("b1", "/ml/nlp"), ("b2", "/ml/vision")]
 
 
 def test_a_claimant_is_not_its_own_donor():
     # /web is over in cpu but owed gpu: it must not preempt itself.
     running = [RunningJob("w", "/web", Resources(cpu=8000))]
-    c = choose_victims(
-        TREE,
-        Resources(cpu=8000, gpu=8000),
-        {"/web": Resources(cpu=4000, gpu=8000)},
-        running,
-        {"/web": Resources(gpu=2000)},
-        {},
-        cycles=1,
-    )
+    c = choose_victims(TREE, Resources(cpu=8000, gpu=8000),
+                       {"/web": Resources(cpu=4000, gpu=8000)}, running,
+                       {"/web": Resources(gpu=2000)}, {}, cycles=1)
     assert c.victims == [] and c.over_counts == {"/web": 1}
 
 
 @settings(max_examples=400, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.sampled_from(["/batch", "/web", "/ml/nlp"]),
-            st.integers(1, 4),
-            st.integers(1, 4),
-            st.booleans(),
-            st.integers(0, 3),
-            st.booleans(),
-            st.integers(0, 100),
-        ),
-        max_size=12,
-    ),
-    st.integers(0, 8),
-    st.integers(0, 8),
-    st.integers(0, 12),
-    st.integers(0, 6),
-)
+@given(st.lists(st.tuples(st.sampled_from(["/batch", "/web", "/ml/nlp"]), st.integers(1, 4),
+                          st.integers(1, 4), st.booleans(), st.integers(0, 3),
+                          st.booleans(), st.integers(0, 100)), max_size=12),
+       st.integers(0, 8), st.integers(0, 8), st.integers(0, 12), st.integers(0, 6))
 def test_victim_properties(jobs, e_batch, e_web, want, spare):
-    running = [
-        RunningJob(
-            f"j{i}",
-            pool,
-            gpus(per * tasks),
-            tasks=tasks,
-            min_tasks=1 if elastic else None,
-            priority=prio,
-            preemptible=pre,
-            running_for=age,
-        )
-        for i, (pool, per, tasks, elastic, prio, pre, age) in enumerate(jobs)
-    ]
-    ent = {"/batch": gpus(e_batch), "/web": gpus(e_web), "/ml/nlp": gpus(0), "/ml/vision": gpus(16)}
+    running = [RunningJob(f"j{i}", pool, gpus(per * tasks), tasks=tasks,
+                          min_tasks=1 if elastic else None, priority=prio, preemptible=pre,
+                          running_for=age)
+               for i, (pool, per, tasks, elastic, prio, pre, age) in enumerate(jobs)]
+    ent = {"/batch": gpus(e_batch), "/web": gpus(e_web), "/ml/nlp": gpus(0),
+           "/ml/vision": gpus(16)}
     held = sum(j.resources.gpu for j in running)
     cap = Resources(gpu=held + spare * 1000)
     c = choose_victims(TREE, cap, ent, running, {"/ml/vision": gpus(want)}, {}, cycles=1)
@@ -247,41 +192,26 @@ def test_victim_properties(jobs, e_batch, e_web, want, spare):
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.sampled_from(["/batch", "/web", "/ml/nlp", "/ml/vision"]),
-            st.integers(1, 4),
-            st.booleans(),
-        ),
-        max_size=10,
-    ),
-    st.dictionaries(
-        st.sampled_from(["/batch", "/web", "/ml/nlp", "/ml/vision"]),
-        st.integers(0, 16),
-        min_size=4,
-        max_size=4,
-    ),
-    st.integers(0, 12),
-    st.integers(0, 2),
-)
+@given(st.lists(st.tuples(st.sampled_from(["/batch", "/web", "/ml/nlp", "/ml/vision"]),
+                          st.integers(1, 4), st.booleans()), max_size=10),
+       st.dictionaries(st.sampled_from(["/batch", "/web", "/ml/nlp", "/ml/vision"]),
+                       st.integers(0, 16), min_size=4, max_size=4),
+       st.integers(0, 12), st.integers(0, 2))
 def test_no_pool_over_its_entitlement_means_no_victims_and_no_counts(jobs, ent, want, extra):
     """The leader skips building the running-job list when `any_over_entitlement` is
     False: that must be exactly when choose_victims has nothing to say. `extra` GPUs
     of the allocation are held by jobs being reclaimed (counted in the allocation the
     leader passes, not in the running list)."""
-    running = [
-        RunningJob(f"j{i}", pool, gpus(n), preemptible=pre) for i, (pool, n, pre) in enumerate(jobs)
-    ]
+    running = [RunningJob(f"j{i}", pool, gpus(n), preemptible=pre)
+               for i, (pool, n, pre) in enumerate(jobs)]
     entitlement = {p: gpus(v) for p, v in ent.items()}
     allocation: dict[str, Resources] = {}
     for j in running:
         allocation[j.pool] = allocation.get(j.pool, Resources()) + j.resources
     if extra:
         allocation["/batch"] = allocation.get("/batch", Resources()) + gpus(extra)
-    c = choose_victims(
-        TREE, CAP, entitlement, running, {"/ml/vision": gpus(want)}, {"/web": 2}, cycles=1
-    )
+    c = choose_victims(TREE, CAP, entitlement, running, {"/ml/vision": gpus(want)},
+                       {"/web": 2}, cycles=1)
     if not any_over_entitlement(allocation, entitlement):
         assert c.victims == [] and c.over_counts == {}
     else:  # and it is never False when a pool really is over (the allocation is a superset)

@@ -69,21 +69,18 @@ def trees(draw, max_pools: int = 10, big: bool = False):
             top = max(r, 60 if inherited is None else inherited)
             limit = None if b.upto(1) else r + b.upto(top - r)
             cap_of[(p, k)] = limit if limit is not None else inherited
-            kinds[k] = ResourceSpec(
-                reservation=r * unit,
-                limit=None if limit is None else limit * unit,
-                share=b.pick(SHARES),
-                type=b.pick([PoolType.ELASTIC, PoolType.STATIC]),
-            )
+            kinds[k] = ResourceSpec(reservation=r * unit,
+                                    limit=None if limit is None else limit * unit,
+                                    share=b.pick(SHARES),
+                                    type=b.pick([PoolType.ELASTIC, PoolType.STATIC]))
         specs.append(PoolSpec(p, **kinds))
     tree = PoolTree(tuple(specs))
     cap = Resources(cpu=b.upto(120) * unit, gpu=b.upto(120) * unit)
     leaves = tree.leaves()
 
     def some() -> dict[str, Resources]:
-        return {
-            p: Resources(cpu=b.upto(70) * unit, gpu=b.upto(70) * unit) for p in leaves if b.upto(1)
-        }
+        return {p: Resources(cpu=b.upto(70) * unit, gpu=b.upto(70) * unit)
+                for p in leaves if b.upto(1)}
 
     return tree, cap, some(), some()
 
@@ -100,18 +97,16 @@ def is_static(tree, p, k):
 @given(trees())
 def test_matches_reference(case):
     tree, cap, demand, alloc = case
-    assert compute_entitlement(tree, cap, demand, alloc) == reference_entitlement(
-        tree, cap, demand, alloc
-    )
+    assert compute_entitlement(tree, cap, demand, alloc) == \
+        reference_entitlement(tree, cap, demand, alloc)
 
 
 @settings(max_examples=150, deadline=None)
 @given(trees(big=True))
 def test_matches_reference_with_big_amounts(case):
     tree, cap, demand, alloc = case
-    assert compute_entitlement(tree, cap, demand, alloc) == reference_entitlement(
-        tree, cap, demand, alloc
-    )
+    assert compute_entitlement(tree, cap, demand, alloc) == \
+        reference_entitlement(tree, cap, demand, alloc)
 
 
 @settings(max_examples=700, deadline=None)

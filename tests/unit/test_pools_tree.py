@@ -48,28 +48,10 @@ def problems(source) -> list[str]:
 
 def test_public_surface():
     assert set(pools.__all__) == {
-        "Admission",
-        "POOL_KINDS",
-        "PendingJob",
-        "PoolConfigError",
-        "PoolSpec",
-        "PoolTree",
-        "PoolType",
-        "ROOT",
-        "ResourceSpec",
-        "RunningJob",
-        "Victim",
-        "VictimChoice",
-        "admit",
-        "any_over_entitlement",
-        "choose_victims",
-        "compute_entitlement",
-        "demand_by_pool",
-        "format_amount",
-        "parse_pool_tree",
-        "reservation_shortfall",
-        "sum_by_pool",
-        "wants",
+        "Admission", "POOL_KINDS", "PendingJob", "PoolConfigError", "PoolSpec", "PoolTree",
+        "PoolType", "ROOT", "ResourceSpec", "RunningJob", "Victim", "VictimChoice", "admit",
+        "any_over_entitlement", "choose_victims", "compute_entitlement", "demand_by_pool",
+        "format_amount", "parse_pool_tree", "reservation_shortfall", "sum_by_pool", "wants",
     }
     assert all(hasattr(pools, name) for name in pools.__all__)
 
@@ -137,10 +119,8 @@ pools:
   /ml/a: {cpu: {reservation: 15}}
   /ml/b: {cpu: {reservation: 10}}
   /ml/c: {}
-""") == [
-        "/ml: cpu reservations of its children sum to 25 (/ml/a 15, /ml/b 10), above its "
-        "own reservation 20"
-    ]
+""") == ["/ml: cpu reservations of its children sum to 25 (/ml/a 15, /ml/b 10), above its "
+         "own reservation 20"]
 
 
 def test_every_problem_reported_at_once_by_pool():
@@ -154,7 +134,8 @@ pools:
 """)
     assert lines == [
         "/Bad: expected '/' or a path like /ml/vision (segments of 1-32 a-z, 0-9, '_', '-')",
-        "/ml/nlp: cpu share must be a number above 0 and at most 1000000, in steps of 0.001, got 0",
+        "/ml/nlp: cpu share must be a number above 0 and at most 1000000, in steps of 0.001, "
+        "got 0",
         "/ml/nlp: cpu type must be elastic or static, got 'stati'",
         "/ml/nlp: cpu limit 200 is above its parent's limit 100",
         "/ml/vision: unknown field 'colour' (known: type, share, description, cpu, memory, "
@@ -175,41 +156,27 @@ def test_error_is_a_spec_error_with_field_and_problem():
     assert str(again) == str(err.value) and again.problems == err.value.problems
 
 
-@pytest.mark.parametrize(
-    "source, expected",
-    [
-        ("[", "invalid YAML: line 2: did not find expected node content"),
-        ("pools: [1]", "pools: expected a mapping from pool path to its settings, got list"),
-        ("other: 1", "unknown top-level field 'other' (known: pools)"),
-        ("pools:\n  /a: {}\n  /a: {}\n", "invalid YAML: line 3: found duplicate key '/a'"),
-        ("pools:\n  /a: 3\n", "/a: expected a mapping of settings, got int"),
-        (
-            "pools:\n  /a: {cpu: 3}\n",
-            "/a: cpu: expected a mapping with reservation/limit/share/type, got int",
-        ),
-        (
-            "pools:\n  /a: {cpu: {reserve: 3}}\n",
-            "/a: cpu: unknown field 'reserve' (known: reservation, limit, share, type)",
-        ),
-        (
-            "pools:\n  /a: {memory: {limit: -1Gi}}\n",
-            "/a: memory limit: must not be negative, got '-1Gi'",
-        ),
-        (
-            "pools:\n  /a: {share: 0.0001}\n",
-            "/a: share must be a number above 0 and at most 1000000, in steps of 0.001, got 0.0001",
-        ),
-        ("pools:\n  /a: {description: [1]}\n", "/a: description must be a string, got list"),
-        (
-            "pools:\n  /: {gpu: {reservation: 1}}\n",
-            "/: gpu: the root stands for the whole cluster, "
-            "whose capacity is its entitlement; set reservations, limits, shares and types on its "
-            "children",
-        ),
-        (b"\xff", "not valid UTF-8: invalid start byte at byte 0"),
-        (42, "expected YAML text, bytes or a mapping, got int"),
-    ],
-)
+@pytest.mark.parametrize("source, expected", [
+    ("[", "invalid YAML: line 2: did not find expected node content"),
+    ("pools: [1]", "pools: expected a mapping from pool path to its settings, got list"),
+    ("other: 1", "unknown top-level field 'other' (known: pools)"),
+    ("pools:\n  /a: {}\n  /a: {}\n", "invalid YAML: line 3: found duplicate key '/a'"),
+    ("pools:\n  /a: 3\n", "/a: expected a mapping of settings, got int"),
+    ("pools:\n  /a: {cpu: 3}\n", "/a: cpu: expected a mapping with reservation/limit/share/type, "
+                                 "got int"),
+    ("pools:\n  /a: {cpu: {reserve: 3}}\n", "/a: cpu: unknown field 'reserve' (known: "
+                                            "reservation, limit, share, type)"),
+    ("pools:\n  /a: {memory: {limit: -1Gi}}\n", "/a: memory limit: must not be negative, "
+                                                "got '-1Gi'"),
+    ("pools:\n  /a: {share: 0.0001}\n", "/a: share must be a number above 0 and at most "
+                                        "1000000, in steps of 0.001, got 0.0001"),
+    ("pools:\n  /a: {description: [1]}\n", "/a: description must be a string, got list"),
+    ("pools:\n  /: {gpu: {reservation: 1}}\n", "/: gpu: the root stands for the whole cluster, "
+     "whose capacity is its entitlement; set reservations, limits, shares and types on its "
+     "children"),
+    (b"\xff", "not valid UTF-8: invalid start byte at byte 0"),
+    (42, "expected YAML text, bytes or a mapping, got int"),
+])
 def test_bad_documents(source, expected):
     assert problems(source) == [expected]
 
@@ -223,23 +190,15 @@ def test_too_deep():
 
 def test_python_built_trees_are_validated_too():
     with pytest.raises(PoolConfigError) as err:
-        PoolTree(
-            (
-                PoolSpec("/a", cpu=ResourceSpec(reservation=-1)),
-                PoolSpec("/b", gpu=ResourceSpec(share=1 / 3)),
-                PoolSpec("/b"),
-                "junk",
-            )
-        )
+        PoolTree((PoolSpec("/a", cpu=ResourceSpec(reservation=-1)),
+                  PoolSpec("/b", gpu=ResourceSpec(share=1 / 3)),
+                  PoolSpec("/b"), "junk"))
     assert err.value.problems == (
         ("", "expected a PoolSpec, got str"),
         ("/a", "cpu reservation must be a non-negative integer, got -1"),
         ("/b", "defined twice"),
-        (
-            "/b",
-            "gpu share must be a number above 0 and at most 1000000, in steps of 0.001, "
-            "got 0.3333333333333333",
-        ),
+        ("/b", "gpu share must be a number above 0 and at most 1000000, in steps of 0.001, "
+               "got 0.3333333333333333"),
     )
 
 
