@@ -700,6 +700,56 @@ class ProcessExecutor:
                 self._abandon(proc, cgroup_dirs)
         return handle
 
+    async def check(self, spec: ExecSpec, timeout_s: float) -> tuple[bool, str]:
+        """Run a task's health check once: `spec` is the task's own (its user, env and
+        work dir) with the check's argv. True when it exits 0 within `timeout_s`; else
+        False and why. Its own session, killed whole at the timeout; its output goes
+        nowhere (a check that floods stdout must not fill the agent's disk)."""
+        _validate(spec)
+        task_dir = self._task_dir(spec.task_id)
+        work = task_dir / "work"
+        env = self._environment(spec)
+        cwd = work if spec.cwd is None else work / spec.cwd
+        if not cwd.is_dir():
+            return False, f"cwd is not a directory: {spec.cwd!r}"
+        try:
+            command = _resolve_command(spec.argv[0], env["PATH"], cwd)
+        except ExecError as exc:
+            return False, str(exc)
+        user: dict[str, Any] = {}
+        if self._run_as is not None:
+            user = {
+                "user": self._run_as.uid,
+                "group": self._run_as.gid,
+                "extra_groups": list(self._run_as.groups),
+            }
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                command,
+                *spec.argv[1:],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                **user,
+            )
+        except OSError as exc:
+            return False, f"cannot start the health check: {exc}"
+        try:
+            code = await asyncio.wait_for(proc.wait(), timeout_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            return False, f"health check timed out after {timeout_s:g}s"
+        finally:
+            if proc.returncode is None:  # cancelled: leave nothing behind
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        return code == 0, "" if code == 0 else f"health check exited with {code}"
+
     @staticmethod
     def _abandon(proc: subprocess.Popen[bytes], cgroup_dirs: tuple[Path, ...]) -> None:
         """Reap a wrapper that was never released (it runs nothing) and drop its cgroups."""

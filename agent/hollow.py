@@ -753,7 +753,8 @@ class HollowFleet:
             self._end(node, key)
             return
         self.counts["runs"] += 1
-        self._report(node, a, TaskState.RUNNING)
+        # A simulated service replica with a health check passes it from the start.
+        self._report(node, a, TaskState.RUNNING, health="healthy" if a.spec.health else "")
         loop = asyncio.get_running_loop()
         timer = loop.call_later(a.spec.simulate.duration_s, self._finish, node, a)
         node.start_run(key, a.spec, timer)
@@ -812,6 +813,7 @@ class HollowFleet:
         exit_code: int | None = None,
         message: str = "",
         refused: str = "",
+        health: str = "",
     ) -> None:
         self.events.send(
             TaskEvent(
@@ -826,5 +828,6 @@ class HollowFleet:
                 message,
                 refused=refused,
                 verify_key=node.verify_key if refused else "",
+                health=health,
             )
         )

@@ -137,6 +137,8 @@ def event_id(ev: TaskEvent) -> str:
     refusal (a refusal the leader does not credit must not make the stream drop the
     attempt's genuine FAILED as its duplicate)."""
     base = f"{ev.node_id}:{ev.task_id}:{ev.attempt}:{ev.state}"
+    if ev.health_seq:  # a health verdict: each one its own message
+        base = f"{base}:health{ev.health_seq}"
     return f"{base}:refused" if ev.refused else base
 
 
@@ -302,6 +304,8 @@ def _event_map(ev: TaskEvent) -> dict:
         "log_tail": ev.log_tail,
         "refused": ev.refused,
         "verify_key": ev.verify_key,
+        "health": ev.health,
+        "health_seq": ev.health_seq,
         "v": ev.v,
     }
 

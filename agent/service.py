@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from agent import health
 from agent.access import make_dirs
 from agent.executor import ExecError, ExecSpec, ExitStatus, ProcessExecutor, ProcessHandle
 from agent.gpu import (
@@ -45,6 +46,7 @@ from mesh.schema import (
     ErrorCode,
     GpuProcessInfo,
     GpuStatus,
+    HealthProbe,
     LogsRequest,
     NodeState,
     Resources,
@@ -120,6 +122,7 @@ class Agent:
         self.last_refused = ""
         self._tasks: list[asyncio.Task[None]] = []
         self._monitors: set[asyncio.Task[None]] = set()
+        self._health: dict[tuple[str, int], asyncio.Task[None]] = {}  # replicas checked
         self._report_lock = asyncio.Lock()
         self.nc = None
         self.gpus = gpu_probe if gpu_probe is not None else GpuProbe()
@@ -488,6 +491,34 @@ class Agent:
         await starting
         await self._report(rec, self._event(rec, "RUNNING"))
         self._monitor(rec, handle, grant)
+        self._check_health(rec, exec_spec, spec.health)
+
+    def _check_health(
+        self, rec: TaskRecord, exec_spec: ExecSpec, probe: HealthProbe | None
+    ) -> None:
+        """A service replica's health check, run beside it until it ends (agent/health.py)."""
+        if probe is None or not probe.argv:
+            return
+        key = (rec.task_id, rec.attempt)
+        check_spec = replace(exec_spec, argv=probe.argv, max_run_time_s=None)
+
+        async def check() -> tuple[bool, str]:
+            return await self.executor.check(check_spec, probe.timeout_s)
+
+        async def report(verdict: str, seq: int, why: str) -> None:
+            message = f"health check: {verdict}" + (f" ({why})" if why else "")
+            ev = replace(
+                self._event(rec, "RUNNING", message=message), health=verdict, health_seq=seq
+            )
+            await publish_event(self.js, self.region, ev)
+
+        loop = health.check_loop(
+            check, report, probe.interval_s, probe.healthy_after, probe.unhealthy_after
+        )
+        task = asyncio.create_task(loop, name=f"health:{rec.task_id}")
+        self._health[key] = task
+        self._monitors.add(task)
+        task.add_done_callback(self._monitors.discard)
 
     def _gpu_env(self, grant: GpuGrant) -> dict[str, str]:
         under_mps = bool(grant.uuids) and all(
@@ -553,6 +584,9 @@ class Agent:
     async def _watch(self, rec: TaskRecord, handle: ProcessHandle) -> None:
         status = await self.executor.wait(handle)
         key = (rec.task_id, rec.attempt)
+        checking = self._health.pop(key, None)
+        if checking is not None:
+            checking.cancel()
         self.handles.pop(key, None)
         self._gpu_grants.pop(key, None)
         self.killing.discard(key)
@@ -681,6 +715,7 @@ class Agent:
                     if rec.state != "RUNNING":
                         await self._transition(rec, "RUNNING")
                     self._monitor(rec, handle, _stored_grant(rec))
+                    self._check_readopted(rec)
                     continue
                 await self._finish_later(
                     rec,
@@ -700,6 +735,23 @@ class Agent:
                 )
                 continue
             await self._launch(rec, assignment)
+
+    def _check_readopted(self, rec: TaskRecord) -> None:
+        """A re-adopted replica's health check starts again (its verdicts from 1: the
+        coordinator takes the first as news)."""
+        try:
+            a = decode(Assignment, rec.assignment)
+        except WireError:
+            return
+        if a.spec is None or a.spec.health is None:
+            return
+        exec_spec = ExecSpec(
+            task_id=_exec_id(a.task_id, a.attempt),
+            argv=a.spec.argv,
+            env=tuple(sorted(a.spec.env.items())),
+            cwd=a.spec.workdir,
+        )
+        self._check_health(rec, exec_spec, a.spec.health)
 
     async def _stop_orphans(self) -> None:
         """Task processes this agent's store does not know (it was lost): stopped, not

@@ -60,6 +60,7 @@ from mesh.schema import (
     TaskEvent,
     TaskEventBatch,
     TaskSpec,
+    UpdateRequest,
 )
 from workloads.lifecycle import TaskState
 from workloads.quantity import SpecError
@@ -150,6 +151,7 @@ def _samples() -> dict[type, list[Any]]:
         JobRef: [JobRef("train-0000")],
         JobListRequest: [JobListRequest("PENDING", "/", 5)],
         KillRequest: [KillRequest("train-0000", "why")],
+        UpdateRequest: [UpdateRequest("train-0000", VALID_SPEC)],
         NodeRef: [NodeRef("n1")],
         LogsRequest: [LogsRequest("j1.main.0", 0, "stderr", 100)],
         PoolApplyRequest: [PoolApplyRequest(VALID_POOLS)],

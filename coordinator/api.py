@@ -40,6 +40,7 @@ from mesh.schema import (
     JobListRequest,
     JobRef,
     JobSubmitted,
+    JobUpdated,
     KillRequest,
     NodeRef,
     PoolApplyRequest,
@@ -48,6 +49,7 @@ from mesh.schema import (
     Resources,
     SubmitManyRequest,
     SubmitRequest,
+    UpdateRequest,
     error_reply,
     ok,
 )
@@ -71,11 +73,12 @@ ENDPOINTS = (
     "job.get",
     "job.list",
     "job.kill",
+    "job.update",
     "node.list",
     "node.get",
     "cluster.info",
 )
-WRITES = frozenset({"job.submit", "job.submit_many", "job.kill", "pool.apply"})
+WRITES = frozenset({"job.submit", "job.submit_many", "job.kill", "job.update", "pool.apply"})
 VERSION = "0.1.0"
 
 
@@ -95,6 +98,7 @@ class Api:
             "job.get": self.job_get,
             "job.list": self.job_list,
             "job.kill": self.job_kill,
+            "job.update": self.job_update,
             "node.list": self.node_list,
             "node.get": self.node_get,
             "cluster.info": self.cluster_info,
@@ -318,7 +322,11 @@ class Api:
                 ErrorCode.BAD_REQUEST,
                 "client_id: required (a unique id per submit, reused on retry)",
             )
-        size = _spec_size(req.spec)
+        return self._valid_spec(req.spec)
+
+    def _valid_spec(self, source: Any):
+        """A spec as given (YAML text or a mapping), parsed and put in its leaf pool."""
+        size = _spec_size(source)
         if size > MAX_SPEC_BYTES:
             raise ApiError(
                 ErrorCode.TOO_LARGE,
@@ -326,7 +334,7 @@ class Api:
                 f"({MAX_SPEC_BYTES // 1024} KiB) for one job spec",
             )
         try:
-            spec = parse_job_spec(req.spec if req.spec is not None else "")
+            spec = parse_job_spec(source if source is not None else "")
         except SpecError as exc:
             raise ApiError(ErrorCode.INVALID_SPEC, str(exc)) from None
         state = self.coord.state
@@ -413,6 +421,35 @@ class Api:
             )
             leader.wake()
         return ok(job_id=job.job_id)
+
+    async def job_update(self, data: bytes) -> bytes:
+        """`mesh job update`: a running service's new spec, logged as JobUpdated; the
+        leader then replaces its replicas one by one (coordinator/services.py). Only a
+        service, and only with the same name and kind."""
+        req = _decode(UpdateRequest, data)
+        job = self._job(req.job_id)
+        spec = self._valid_spec(req.spec)
+        if not job.spec.is_service:
+            raise ApiError(
+                ErrorCode.CONFLICT,
+                f"job {job.job_id} is a batch job: only a service's spec can be updated "
+                "(submit a new job instead)",
+            )
+        if job.kill_requested or job.state not in (JobState.PENDING, JobState.RUNNING):
+            raise ApiError(ErrorCode.CONFLICT, f"job {job.job_id} is killed or ended ({job.state})")
+        for name in ("name", "kind"):
+            if getattr(spec, name) != getattr(job.spec, name):
+                raise ApiError(
+                    ErrorCode.CONFLICT,
+                    f"{name}: an update cannot change it ({getattr(job.spec, name)!r} -> "
+                    f"{getattr(spec, name)!r}); submit a new job instead",
+                )
+        if spec == job.spec:
+            return ok(job_id=job.job_id, generation=job.generation, changed=False)
+        leader = self._leader()
+        await self._append(leader, [JobUpdated(job.job_id, spec.to_dict(), time.time())])
+        leader.wake()
+        return ok(job_id=job.job_id, generation=job.generation, changed=True)
 
     def _leader(self):
         leader = self.coord.leader

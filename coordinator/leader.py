@@ -34,6 +34,7 @@ from mesh.schema import (
     MAX_ASSIGNMENT_BATCH,
     Assignment,
     AssignmentBatch,
+    HealthProbe,
     LeaderElected,
     LogEvent,
     TaskEvent,
@@ -254,9 +255,19 @@ class Leader:
         object, which signing then converts once (see signing.batch_signed_bytes)."""
         g = t.group
         job = self.state.jobs[t.job_id]
-        key = (id(g), job.spec.max_run_time_s, t.gpu_uuids)
+        health = job.spec.health if t.checked else None
+        key = (id(g), job.spec.max_run_time_s, t.gpu_uuids, health)
         spec = None if specs is None else specs.get(key)
         if spec is None:
+            probe = None
+            if health is not None:
+                probe = HealthProbe(
+                    health.command,
+                    health.interval_s,
+                    health.timeout_s,
+                    health.healthy_after,
+                    health.unhealthy_after,
+                )
             spec = TaskSpec(
                 argv=g.command,
                 env=dict(g.env),
@@ -265,6 +276,7 @@ class Leader:
                 simulate=g.simulate,
                 max_run_time_s=job.spec.max_run_time_s,
                 gpu_uuids=t.gpu_uuids,
+                health=probe,
             )
             if specs is not None:
                 specs[key] = spec

@@ -24,6 +24,7 @@ from coordinator.scheduling import (
     snapshot,
     window,
 )
+from coordinator.services import keep_services, restart_delay
 from coordinator.state import HOLDING, JobRecord, RegionState, TaskRecord
 from mesh.schema import LogEvent, TaskEvent, TaskPlaced, TaskUpdated
 from workloads.lifecycle import ENDED, FINAL, TaskState, can_transition
@@ -54,7 +55,10 @@ def reconcile(
     nodes: ClusterView,
     now: float,
     config: PlacementConfig = DEFAULT_PLACEMENT,
+    draining: frozenset[str] = frozenset(),
 ) -> Decisions:
+    """`draining`: nodes to vacate (a partition move's drain): nothing new is placed on
+    them, and service replicas on them are replaced elsewhere first (surge)."""
     d = Decisions()
     _lose_tasks_on_down_nodes(state, nodes, now, d)
     _lose_tasks_a_node_forgot(state, nodes, now, d)
@@ -62,9 +66,12 @@ def reconcile(
     _kill_requested_jobs(state, now, d)
     _kill_stale_copies(state, nodes, d)
     _reclaim_preempted(state, d)
+    _stop_replicas(state, now, d)
+    if not d.events and state.services:
+        d.events.extend(keep_services(state, draining, now))
     if not d.events:
         # Place only from a settled state: a task being requeued this round is placed next.
-        _place_waiting(state, nodes, now, config, d)
+        _place_waiting(state, nodes, now, config, d, draining)
     return d
 
 
@@ -82,7 +89,24 @@ def agent_event(
         new_state, message = ev.state, ev.message
         if new_state == TaskState.KILLED and t.preempt_reason:
             new_state, message = TaskState.PREEMPTED, t.preempt_reason
+        job = state.jobs[t.job_id]
+        if new_state == TaskState.SUCCEEDED and job.spec.is_service:
+            # A service replica is meant to run for good: its exit is a failure to
+            # serve, and it is started again (after its backoff).
+            new_state = TaskState.FAILED
+            message = f"service replica exited with code 0{': ' + message if message else ''}"
         was = t.state if now_in is None else now_in
+        if new_state == was == TaskState.RUNNING and ev.health and ev.health != t.health:
+            return TaskUpdated(
+                ev.job_id,
+                ev.task_id,
+                ev.attempt,
+                new_state,
+                ev.node_id,
+                ev.ts,
+                message=message or f"health check: {ev.health}",
+                health=ev.health,
+            )
         if new_state == was or not can_transition(was, new_state):
             # The log has it already (an event redelivered to a new leader after the old
             # one logged it but died before acknowledging it), or a later one of the same
@@ -100,6 +124,7 @@ def agent_event(
             ev.signal,
             message,
             ev.log_tail,
+            ev.health if new_state == TaskState.RUNNING else "",
         )
     if ev.state in ENDED or ev.state in FINAL:
         return None
@@ -270,8 +295,36 @@ def _requeue_or_settle(state: RegionState, now: float, d: Decisions) -> None:
         t = state.tasks[tid]
         job = state.jobs[t.job_id]
         nxt, why = job.settles_to(t)
-        if nxt is not None:
-            d.events.append(TaskUpdated(job.job_id, tid, t.attempt, nxt, "", now, message=why))
+        if nxt is None:
+            continue
+        if (
+            job.spec.is_service
+            and nxt == TaskState.PENDING
+            and t.state != TaskState.PREEMPTED
+            and not (job.kill_requested or t.stop_reason)
+        ):
+            # A replica that ended waits out its backoff (a round runs at least every
+            # RECONCILE_EVERY_S, so it is started again within that of it).
+            delay = restart_delay(job, t)
+            if now < (t.finished_at or 0.0) + delay:
+                continue
+            why = f"{why} (backoff {delay:g}s)"
+        d.events.append(TaskUpdated(job.job_id, tid, t.attempt, nxt, "", now, message=why))
+
+
+def _stop_replicas(state: RegionState, now: float, d: Decisions) -> None:
+    """Service replicas being stopped for good: a running one is sent a kill (resent
+    like a job's), a waiting one is KILLED at once; an ended one settles to KILLED."""
+    for tid in sorted(state.stopping):
+        t = state.tasks[tid]
+        if t.state in HOLDING:
+            d.kills.append(Kill(t.node_id, t.job_id, tid, t.attempt, t.stop_reason))
+        elif t.state == TaskState.PENDING:
+            d.events.append(
+                TaskUpdated(
+                    t.job_id, tid, t.attempt, TaskState.KILLED, "", now, message=t.stop_reason
+                )
+            )
 
 
 def _kill_requested_jobs(state: RegionState, now: float, d: Decisions) -> None:
@@ -382,6 +435,7 @@ def _place_waiting(
     now: float,
     config: PlacementConfig,
     d: Decisions,
+    draining: frozenset[str] = frozenset(),
 ) -> None:
     if not state.queue:
         return
@@ -391,7 +445,7 @@ def _place_waiting(
         why = f"no node to place on: {causes}" if causes else "no ready nodes"
         d.unplaced.update({job.job_id: why for job in state.pending_jobs()})
         return
-    snap = snapshot(nodes, state)
+    snap = snapshot(nodes, state, draining)
     fit = region_fit(state, snap)  # what can ever fit the ready nodes
     capacity = Resources(*(int(x) for x in snap.cap_total))  # kept by the snapshot
     key = (state.epoch, capacity)

@@ -9,7 +9,7 @@ attempt, an illegal transition) is ignored, so replaying a log is always safe.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sortedcontainers import SortedDict
 
@@ -19,11 +19,14 @@ from coordinator.pools.jobs import PendingJob
 from mesh.schema import (
     JobKillRequested,
     JobSubmitted,
+    JobUpdated,
     LeaderElected,
     LogEntry,
     PoolsApplied,
+    ReplicaAdded,
     TaskPlaced,
     TaskPreemptRequested,
+    TaskStopRequested,
     TaskUpdated,
 )
 from workloads.lifecycle import (
@@ -44,6 +47,9 @@ HOLDING = frozenset({TaskState.PLACED, TaskState.STARTING, TaskState.RUNNING})
 # looks at these each round, so the fold keeps them in a set rather than a scan.
 UNSETTLED = frozenset({TaskState.FAILED, TaskState.LOST, TaskState.PREEMPTED})
 HISTORY_LIMIT = 64
+# A service replica that ran this long before it ended restarts after the first backoff
+# again; one that ended sooner waits twice as long as the last time (up to max_backoff).
+BACKOFF_RESET_S = 60.0
 
 
 @dataclass(slots=True)
@@ -63,6 +69,14 @@ class TaskRecord:
     log_tail: str = ""
     failures: int = 0  # attempts that ended FAILED (counts against max_retries)
     preempt_reason: str = ""  # set while this attempt is being reclaimed for another pool
+    # Services (coordinator/services.py): the job generation (spec) its group is of, the
+    # health verdict of its attempt ("" none yet / no check), whether its attempt runs a
+    # health check, why it is being stopped for good, and its quick restarts in a row.
+    generation: int = 0
+    health: str = ""
+    checked: bool = False
+    stop_reason: str = ""
+    restarts: int = 0
     placed_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
@@ -92,6 +106,9 @@ class TaskRecord:
             "placed_at": self.placed_at,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
+            "generation": self.generation,
+            "health": self.health,
+            "stopping": self.stop_reason,
             "history": [
                 {"ts": ts, "attempt": a, "state": s, "node_id": n, "message": m}
                 for ts, a, s, n, m in self.history
@@ -118,9 +135,14 @@ class JobRecord:
     # What admission sees of it, kept while pending_resources is the same object
     # (pooling.admitted_jobs): a window of 4,000 jobs built 4,000 of them twice a round.
     as_pending: PendingJob | None = None
+    generation: int = 0  # services: bumped by every JobUpdated
+    updated_at: float | None = None
+    placed_ever: bool = False
 
     @property
     def state(self) -> JobState:
+        if self.spec.is_service:
+            return self._service_state()
         if not any(self.counts.get(s) for s in UNSETTLED):
             return job_state_of_counts(self.counts)
         # An ended attempt that will run again keeps the job open: without this, a job
@@ -130,10 +152,23 @@ class JobRecord:
             for t in self.tasks.values()
         )
 
+    def _service_state(self) -> JobState:
+        """A service is RUNNING for good once placed: its replicas restart; only a kill
+        ends it (KILLED, once every replica is stopped)."""
+        counts = self.counts
+        total = sum(counts.values())
+        if total and counts.get(TaskState.KILLED, 0) + counts.get(TaskState.SUCCEEDED, 0) == total:
+            return JobState.KILLED
+        if not self.placed_ever:
+            return JobState.PENDING
+        return JobState.RUNNING
+
     def settles_to(self, t: TaskRecord) -> tuple[TaskState | None, str]:
         """Where a FAILED, LOST or PREEMPTED attempt goes next, and why: back to PENDING
         (retry, requeue, reschedule), KILLED (the job is being killed), or None (it ends
         as it is). One rule for the leader's decisions and the job's reported state."""
+        if self.spec.is_service:
+            return self._service_settles_to(t)
         if t.state == TaskState.FAILED:
             if not self.kill_requested and t.failures <= self.spec.restart.max_retries:
                 why = f"retry {t.failures} of {self.spec.restart.max_retries} after failure"
@@ -148,6 +183,21 @@ class JobRecord:
         if self.spec.restart.reschedule_on_lost:
             return TaskState.PENDING, "rescheduling after node loss"
         return None, ""
+
+    def _service_settles_to(self, t: TaskRecord) -> tuple[TaskState | None, str]:
+        """A replica's ended attempt always goes on (max_retries does not apply): started
+        again, or, when its job is killed or it is being stopped, KILLED (FAILED cannot
+        go to KILLED: it goes by PENDING, where the kill takes it)."""
+        if t.state not in UNSETTLED:
+            return None, ""
+        stop = (self.kill_reason or "job killed") if self.kill_requested else t.stop_reason
+        if stop:
+            return (TaskState.PENDING if t.state == TaskState.FAILED else TaskState.KILLED), stop
+        if t.state == TaskState.PREEMPTED:
+            return TaskState.PENDING, "requeued after preemption"
+        if t.state == TaskState.LOST:
+            return TaskState.PENDING, "service replica restarted after its node was lost"
+        return TaskState.PENDING, "service replica restarted after it exited"
 
     @property
     def finished_at(self) -> float | None:
@@ -171,6 +221,9 @@ class JobRecord:
             "submitted_at": self.submitted_at,
             "finished_at": self.finished_at,
             "kill_requested": self.kill_requested,
+            "kind": self.spec.kind,
+            "generation": self.generation,
+            "updated_at": self.updated_at,
         }
 
 
@@ -229,6 +282,8 @@ class RegionState:
         self.pools = PoolTree(())  # the root alone until a tree is applied
         self.pool_source: dict = {}
         self.preempting: set[str] = set()  # tasks whose attempt is being reclaimed
+        self.services: set[str] = set()  # service jobs not killed: kept running each round
+        self.stopping: set[str] = set()  # service replicas being stopped for good
         self.parsed: dict[str, JobSpec] = {}  # job id -> its spec, parsed by this process
         self.job_counts: dict[str, int] = {}  # jobs per JobState, kept by the fold
         self._recount_due: dict[str, JobRecord] = {}  # jobs an entry moved, counted after it
@@ -271,6 +326,7 @@ class RegionState:
                 job.kill_requested = True
                 self.queue_changes.add(job.job_id)
                 job.kill_reason = ev.reason
+                self.services.discard(job.job_id)
                 self._track_killing(job)
                 # (a failed task with retries left no longer reruns)
                 self._recount_due[job.job_id] = job
@@ -281,6 +337,18 @@ class RegionState:
                 self.preempting.add(task.task_id)
             else:
                 self.ignored += 1
+        elif isinstance(ev, JobUpdated):
+            self._job_updated(ev)
+        elif isinstance(ev, ReplicaAdded):
+            self._replica_added(ev)
+        elif isinstance(ev, TaskStopRequested):
+            task = self.tasks.get(ev.task_id)
+            if task is None or task.attempt != ev.attempt or task.state in FINAL:
+                self.ignored += 1
+            elif not task.stop_reason:
+                task.stop_reason = ev.reason or "stopped"
+                self.stopping.add(task.task_id)
+                self._history(task, ev.ts, f"stopping: {task.stop_reason}")
         elif isinstance(ev, PoolsApplied):
             try:
                 self.pools = parse_pool_tree(ev.source)
@@ -321,6 +389,80 @@ class RegionState:
         self._wait(job)
         self.by_client[ev.client_id] = ev.job_id
         self.tasks.update(tasks)
+        if spec.is_service:
+            self.services.add(job.job_id)
+        self._recount_due[job.job_id] = job
+
+    def _job_updated(self, ev: JobUpdated) -> None:
+        """A running service's new spec: the job's generation moves on. A replica whose
+        group and health check the update leaves as they were is of the new generation
+        at once (nothing to replace); one still waiting takes the new group now; the
+        rest are replaced by the leader, one by one (coordinator/services.py)."""
+        job = self.jobs.get(ev.job_id)
+        try:
+            spec = parse_job_spec(ev.spec)
+        except SpecError:
+            spec = None
+        if (
+            job is None
+            or spec is None
+            or job.kill_requested
+            or not job.spec.is_service
+            or spec.kind != job.spec.kind
+            or spec.name != job.spec.name
+        ):
+            self.ignored += 1
+            return
+        same_run = spec.health == job.spec.health
+        old_pool = job.spec.pool
+        if spec.pool != old_pool:
+            # What it holds and waits for moves with it between pools.
+            for t in job.tasks.values():
+                if t.state in HOLDING:
+                    self._pool_hold(t, -1)
+            _add_to(self.pool_pending, old_pool, job.pending_resources, -1)
+        job.spec = spec
+        if spec.pool != old_pool:
+            for t in job.tasks.values():
+                if t.state in HOLDING:
+                    self._pool_hold(t, +1)
+            _add_to(self.pool_pending, spec.pool, job.pending_resources, +1)
+        job.generation += 1
+        job.updated_at = ev.ts
+        groups = {g.role: g for g in spec.tasks}
+        for t in job.tasks.values():
+            group = groups.get(t.role)
+            if t.state in FINAL or group is None:
+                continue
+            if t.state == TaskState.PENDING:
+                self._regroup(t, group, job.generation, ev.ts)
+            elif same_run and replace(group, count=1) == replace(t.group, count=1):
+                t.generation = job.generation  # (a count is no part of how a replica runs)
+        self._recount_due[job.job_id] = job
+
+    def _regroup(self, task: TaskRecord, group: TaskGroup, generation: int, ts: float) -> None:
+        """A waiting replica takes its job's current group (what it asks for moves too)."""
+        if group != task.group:
+            self._count_pending(task, -1, ts)
+            task.group = group
+            self._count_pending(task, +1, ts)
+        task.generation = generation
+
+    def _replica_added(self, ev: ReplicaAdded) -> None:
+        job = self.jobs.get(ev.job_id)
+        group = None
+        if job is not None and job.spec.is_service and not job.kill_requested:
+            group = next((g for g in job.spec.tasks if g.role == ev.role), None)
+        if group is None or ev.task_id in self.tasks:
+            self.ignored += 1
+            return
+        task = TaskRecord(ev.task_id, job.job_id, ev.role, ev.index, group)
+        task.generation = job.generation
+        job.tasks[task.task_id] = task
+        self.tasks[task.task_id] = task
+        job.counts[TaskState.PENDING] = job.counts.get(TaskState.PENDING, 0) + 1
+        self._count_pending(task, +1, ev.ts)
+        self._history(task, ev.ts, ev.reason)
         self._recount_due[job.job_id] = job
 
     def _task_placed(self, ev: TaskPlaced) -> None:
@@ -337,6 +479,10 @@ class RegionState:
         task.exit_code = task.signal = None
         task.message = task.log_tail = ""
         task.started_at = task.finished_at = None
+        job = self.jobs[task.job_id]
+        job.placed_ever = True
+        task.health = ""
+        task.checked = job.spec.health is not None
         self.node_tasks.setdefault(ev.node_id, set()).add(task.task_id)
         self.node_alloc[ev.node_id] = self.node_alloc.get(ev.node_id, NOTHING) + task.resources
         self.node_changes.add(ev.node_id)
@@ -347,6 +493,18 @@ class RegionState:
 
     def _task_updated(self, ev: TaskUpdated) -> None:
         task = self.tasks.get(ev.task_id)
+        if (
+            task is not None
+            and ev.attempt == task.attempt
+            and task.state == ev.state == TaskState.RUNNING
+            and ev.health
+            and ev.health != task.health
+        ):
+            # A replica's health check verdict changed: what counts as available moves.
+            self.epoch += 1
+            task.health = ev.health
+            self._history(task, ev.ts, ev.message or f"health: {ev.health}")
+            return
         if task is None or ev.attempt != task.attempt or task.state == ev.state:
             self.ignored += 1
             return
@@ -361,7 +519,13 @@ class RegionState:
             self.epoch += 1
         if task.state == TaskState.PENDING:
             self._count_pending(task, -1, ev.ts)
+        job = self.jobs[task.job_id]
         if ev.state == TaskState.PENDING:
+            if job.spec.is_service and task.generation < job.generation:
+                # Restarted on its job's current spec, not the one it was started with.
+                group = next((g for g in job.spec.tasks if g.role == task.role), None)
+                if group is not None:
+                    task.group, task.generation = group, job.generation
             self._count_pending(task, +1, ev.ts)
         self._move(task, ev.state)
         if ev.state in UNSETTLED:
@@ -370,6 +534,7 @@ class RegionState:
             self.unsettled.discard(task.task_id)
         if ev.state == TaskState.RUNNING:
             task.started_at = ev.ts
+            task.health = ev.health
         if ev.state in ENDED or ev.state in FINAL:
             task.finished_at = ev.ts
             task.exit_code = ev.exit_code
@@ -377,6 +542,11 @@ class RegionState:
             task.log_tail = ev.log_tail
             if ev.state == TaskState.FAILED:
                 task.failures += 1
+            if job.spec.is_service and ev.state in UNSETTLED:
+                ran = ev.ts - task.started_at if task.started_at is not None else 0.0
+                task.restarts = 1 if ran >= BACKOFF_RESET_S else task.restarts + 1
+            if ev.state in FINAL and task.stop_reason:
+                self.stopping.discard(task.task_id)
         task.message = ev.message
         if was_holding and task.state not in HOLDING:
             if task.preempt_reason:
@@ -397,7 +567,6 @@ class RegionState:
             task.gpu_uuids = ()
             task.finished_at = None
         self._history(task, ev.ts, ev.message)
-        job = self.jobs[task.job_id]
         if job.kill_requested:
             self._track_killing(job)
         self._recount_due[job.job_id] = job
@@ -421,7 +590,8 @@ class RegionState:
 
     def _track_killing(self, job: JobRecord) -> None:
         """A killed job stays in `killing` while any task may still run or be retried."""
-        if all(t.state in FINAL or t.state == TaskState.FAILED for t in job.tasks.values()):
+        ends = FINAL if job.spec.is_service else FINAL | {TaskState.FAILED}
+        if all(t.state in ends for t in job.tasks.values()):
             self.killing.discard(job.job_id)
         else:
             self.killing.add(job.job_id)

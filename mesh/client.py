@@ -33,6 +33,7 @@ from mesh.schema import (
     PoolRef,
     SubmitManyRequest,
     SubmitRequest,
+    UpdateRequest,
 )
 
 FINISHED = frozenset({"SUCCEEDED", "FAILED", "KILLED"})
@@ -148,6 +149,11 @@ class MeshClient:
 
     async def kill(self, job_id: str, reason: str = "") -> None:
         await self.request("job.kill", KillRequest(job_id, reason), retries=20)
+
+    async def update(self, job_id: str, spec: Any) -> dict:
+        """Replace a running service's spec (YAML text or mapping): its replicas are
+        replaced one by one. The reply says whether anything changed."""
+        return await self.request("job.update", UpdateRequest(job_id, spec), retries=20)
 
     async def nodes(self) -> list[dict]:
         return (await self.request("node.list", retries=5))["nodes"]

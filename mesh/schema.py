@@ -52,6 +52,12 @@ __all__ = [
     "LeaderElected",
     "TaskPreemptRequested",
     "PoolsApplied",
+    "JobUpdated",
+    "ReplicaAdded",
+    "TaskStopRequested",
+    "HealthProbe",
+    "HEALTH_STATES",
+    "UpdateRequest",
     "PoolApplyRequest",
     "PoolRef",
     "LogEvent",
@@ -155,6 +161,21 @@ class NodeState:
 # ---------------------------------------------------------------- assignments and events
 
 
+HEALTH_STATES = ("", "healthy", "unhealthy")  # "": no check, or no verdict yet
+
+
+@dataclass(frozen=True, slots=True)
+class HealthProbe:
+    """A service replica's health check as its agent runs it (workloads.spec.HealthCheck):
+    `argv` every `interval_s`, as the task's user, killed after `timeout_s`."""
+
+    argv: tuple[str, ...] = wf((), max_len=4096)
+    interval_s: float = wf(10.0, ge=0.1, le=3600.0)
+    timeout_s: float = wf(5.0, ge=0.001, le=3600.0)
+    healthy_after: int = wf(1, ge=1, le=100)
+    unhealthy_after: int = wf(3, ge=1, le=100)
+
+
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
     """One task as an agent needs it: what to run and with what."""
@@ -166,6 +187,7 @@ class TaskSpec:
     simulate: SimulatedRun | None = None
     max_run_time_s: float | None = wf(None, ge=0.0)
     gpu_uuids: tuple[str, ...] = wf((), max_len=64)
+    health: HealthProbe | None = None  # a service replica's health check (agents older: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +253,12 @@ class TaskEvent:
     # (mesh.signing.refusal_credited).
     refused: str = wf("", max_len=32)
     verify_key: str = wf("", max_len=64)
+    # A service replica's health check verdict (HEALTH_STATES), sent with RUNNING when it
+    # changes; `health_seq` counts the verdicts of the attempt, so each is its own stream
+    # message (the de-duplication id names it). A leader older than these sees a repeated
+    # RUNNING, and ignores it.
+    health: str = wf("", choices=HEALTH_STATES)
+    health_seq: int = wf(0, ge=0)
     v: int = 1
 
 
@@ -307,6 +335,9 @@ class TaskUpdated:
     signal: int | None = None
     message: str = wf("", max_len=4096)
     log_tail: str = wf("", max_len=4096)
+    # With RUNNING: the replica's health check verdict (HEALTH_STATES); a RUNNING of a
+    # RUNNING attempt that changes only this is logged too.
+    health: str = wf("", choices=HEALTH_STATES)
 
 
 @tagged
@@ -347,6 +378,45 @@ class PoolsApplied:
     ts: float = 0.0
 
 
+@tagged
+@dataclass(frozen=True, slots=True)
+class JobUpdated:
+    """`mesh job update`: a running service's new spec (its `to_dict`). The fold bumps
+    the job's generation; the leader replaces the replicas of older ones, one by one
+    with surge (coordinator/services.py)."""
+
+    job_id: str = wf(max_len=ID)
+    spec: dict[str, Any] = wf(default_factory=dict)
+    ts: float = 0.0
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class ReplicaAdded:
+    """A new replica task of a service (`role`, `index`: its task id), PENDING on the
+    job's current spec: a surge replacement, or one more for a raised count."""
+
+    job_id: str = wf(max_len=ID)
+    task_id: str = wf(max_len=ID)
+    role: str = wf(max_len=64)
+    index: int = wf(ge=0, le=10_000_000)
+    reason: str = wf("", max_len=1024)
+    ts: float = 0.0
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class TaskStopRequested:
+    """Stop this service replica for good (replaced, or beyond the count): the agent's
+    KILLED ends it, and an attempt that ends otherwise is not started again."""
+
+    job_id: str = wf(max_len=ID)
+    task_id: str = wf(max_len=ID)
+    attempt: int = wf(ge=0)
+    reason: str = wf("", max_len=1024)
+    ts: float = 0.0
+
+
 LogEvent = (
     JobSubmitted
     | TaskPlaced
@@ -355,6 +425,9 @@ LogEvent = (
     | LeaderElected
     | TaskPreemptRequested
     | PoolsApplied
+    | JobUpdated
+    | ReplicaAdded
+    | TaskStopRequested
 )
 
 
@@ -440,6 +513,15 @@ class JobListRequest:
     state: str | None = wf(None, max_len=32)
     pool: str | None = wf(None, max_len=256)
     limit: int = wf(100, ge=1, le=10_000)
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateRequest:
+    """job.update: a running service's new spec (YAML text or a mapping), as for submit."""
+
+    job_id: str = wf(max_len=ID)
+    spec: Any = wf(None, max_len=MAX_REQUEST)
     v: int = 1
 
 

@@ -55,8 +55,14 @@ __all__ = [
     "MAX_YAML_NODES",
     "GPU_ISOLATION",
     "JOB_FIELDS",
+    "BATCH",
+    "DEFAULT_UPDATE",
+    "HealthCheck",
+    "JOB_KINDS",
     "JobSpec",
     "PlacementPolicy",
+    "SERVICE",
+    "UpdatePolicy",
     "RestartPolicy",
     "SimulatedRun",
     "TaskGroup",
@@ -109,9 +115,23 @@ JOB_FIELDS = (  # the top-level fields of a job spec
     "labels",
     "placement",
     "tasks",
+    "kind",
+    "partition",
+    "update",
+    "health",
 )
 _GROUP_FIELDS = ("role", "count", "command", "env", "workdir", "resources", "simulate")
-_RESTART_FIELDS = ("max_retries", "reschedule_on_lost")
+_RESTART_FIELDS = ("max_retries", "reschedule_on_lost", "backoff", "max_backoff")
+_UPDATE_FIELDS = ("max_unavailable", "max_surge")
+_HEALTH_FIELDS = ("command", "interval", "timeout", "healthy_after", "unhealthy_after")
+BATCH, SERVICE = "batch", "service"
+JOB_KINDS = (BATCH, SERVICE)
+# A partition name: "stateless", "batch", or a virtual one inside them ("batch/critical").
+_PARTITION_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}(/[a-z0-9][a-z0-9_-]{0,31})?")
+MAX_BACKOFF_S = 86400.0  # a restart backoff (or its cap) of at most a day
+MAX_HEALTH_INTERVAL_S = 3600.0
+MIN_HEALTH_INTERVAL_S = 0.1  # a check every 100 ms at most: each one is a process
+MAX_HEALTH_COUNT = 100  # healthy_after / unhealthy_after
 _SIMULATE_FIELDS = ("duration", "exit_code")
 _PLACEMENT_FIELDS = ("labels", "strategy", "spread_by", "anti_affinity", "gpu_isolation", "gang")
 STRATEGIES = ("binpack", "spread", "pack")
@@ -180,8 +200,40 @@ DEFAULT_PLACEMENT = PlacementPolicy()
 class RestartPolicy:
     """What happens to a task whose attempt ended without success."""
 
-    max_retries: int = 0  # re-runs after FAILED
+    max_retries: int = 0  # re-runs after FAILED (batch only: a service restarts for good)
     reschedule_on_lost: bool = True  # re-place tasks whose node was lost
+    # Services only: a replica that ended waits backoff_s x 2^(n-1) (n: its quick restarts
+    # in a row), at most max_backoff_s, before it is started again.
+    backoff_s: float = 1.0
+    max_backoff_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class UpdatePolicy:
+    """How a service's replicas are moved (rolling update, a draining node): at most
+    ``max_surge`` replicas above ``count`` at once, and never fewer than ``count -
+    max_unavailable`` available (RUNNING, and healthy where there is a health check)
+    by the coordinator's choice. The default moves one replica at a time, the new one
+    started before the old one stops."""
+
+    max_unavailable: int = 0
+    max_surge: int = 1
+
+
+DEFAULT_UPDATE = UpdatePolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheck:
+    """A command the agent runs beside each replica every ``interval_s`` (as the task's
+    user, killed after ``timeout_s``): exit 0 is a pass. ``healthy_after`` passes in a row
+    mark the replica healthy, ``unhealthy_after`` failures in a row unhealthy."""
+
+    command: tuple[str, ...]
+    interval_s: float = 10.0
+    timeout_s: float = 5.0
+    healthy_after: int = 1
+    unhealthy_after: int = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +251,19 @@ class JobSpec:
     restart: RestartPolicy = RestartPolicy()
     labels: tuple[tuple[str, str], ...] = ()  # sorted by key
     placement: PlacementPolicy = DEFAULT_PLACEMENT
+    kind: str = BATCH  # batch: runs to completion; service: `count` replicas kept running
+    partition: str = ""  # "": the kind's own (stateless for services, batch for batch jobs)
+    update: UpdatePolicy = DEFAULT_UPDATE  # services only
+    health: HealthCheck | None = None  # services only
+
+    @property
+    def is_service(self) -> bool:
+        return self.kind == SERVICE
+
+    @property
+    def placement_partition(self) -> str:
+        """The partition the job runs in: the one it names, else its kind's."""
+        return self.partition or ("stateless" if self.kind == SERVICE else "batch")
 
     @property
     def task_count(self) -> int:
@@ -240,6 +305,24 @@ class JobSpec:
             out["placement"]["spread_by"] = self.placement.spread_by
         if self.max_run_time_s is not None:
             out["max_run_time"] = float(self.max_run_time_s)
+        out["kind"] = self.kind
+        out["partition"] = self.partition
+        if self.kind == SERVICE:
+            out["restart"]["backoff"] = float(self.restart.backoff_s)
+            out["restart"]["max_backoff"] = float(self.restart.max_backoff_s)
+            out["update"] = {
+                "max_unavailable": self.update.max_unavailable,
+                "max_surge": self.update.max_surge,
+            }
+            if self.health is not None:
+                h = self.health
+                out["health"] = {
+                    "command": list(h.command),
+                    "interval": float(h.interval_s),
+                    "timeout": float(h.timeout_s),
+                    "healthy_after": h.healthy_after,
+                    "unhealthy_after": h.unhealthy_after,
+                }
         return out
 
 
@@ -468,6 +551,8 @@ def _job(data: object) -> JobSpec:
     if data is None:
         raise SpecError("", "the spec is empty")
     f = _fields(data, "", JOB_FIELDS)
+    kind = _choice(f.get("kind", BATCH), "kind", JOB_KINDS)
+    service = kind == SERVICE
     name = _name(f.get("name"))
     pool = _pool(f.get("pool", "/"))
     priority = _int(f.get("priority", 0), "priority", 0, MAX_PRIORITY, "MAX_PRIORITY")
@@ -480,10 +565,12 @@ def _job(data: object) -> JobSpec:
     if not isinstance(preemptible, bool):
         raise SpecError("preemptible", f"expected true or false, got {_kind(preemptible)}")
     min_tasks = f.get("min_tasks")
-    restart = _restart(f.get("restart", {}))
+    restart = _restart(f.get("restart", {}), service)
     labels = _labels(f.get("labels", {}))
-    placement = _placement(f.get("placement", {}))
+    placement = _placement(f.get("placement", {}), service)
     tasks = _tasks(f.get("tasks"))
+    partition = _partition(f.get("partition", ""))
+    update, health = _service_fields(f, service, max_run_time, min_tasks)
     if min_tasks is not None:
         total = sum(g.count for g in tasks)
         min_tasks = _int(min_tasks, "min_tasks", 1, total, "the job's task count")
@@ -504,6 +591,10 @@ def _job(data: object) -> JobSpec:
         restart=restart,
         labels=labels,
         placement=placement,
+        kind=kind,
+        partition=partition,
+        update=update,
+        health=health,
     )
 
 
@@ -541,7 +632,7 @@ def _pool(value: object) -> str:
     return pool
 
 
-def _restart(value: object) -> RestartPolicy:
+def _restart(value: object, service: bool) -> RestartPolicy:
     f = _fields(value, "restart", _RESTART_FIELDS)
     retries = _int(f.get("max_retries", 0), "restart.max_retries", 0, MAX_RETRIES, "MAX_RETRIES")
     on_lost = f.get("reschedule_on_lost", True)
@@ -549,11 +640,108 @@ def _restart(value: object) -> RestartPolicy:
         raise SpecError(
             "restart.reschedule_on_lost", f"expected true or false, got {_kind(on_lost)}"
         )
-    return RestartPolicy(max_retries=retries, reschedule_on_lost=on_lost)
+    if not service:
+        for key in ("backoff", "max_backoff"):
+            if key in f:
+                raise SpecError(
+                    f"restart.{key}", "applies only to kind: service (a batch job retries at once)"
+                )
+        return RestartPolicy(max_retries=retries, reschedule_on_lost=on_lost)
+    if retries:
+        raise SpecError(
+            "restart.max_retries",
+            "does not apply to a service: its replicas are restarted for good (with backoff)",
+        )
+    if not on_lost:
+        raise SpecError(
+            "restart.reschedule_on_lost",
+            "a service's replicas are always started again elsewhere when their node is lost",
+        )
+    backoff = _seconds(f.get("backoff", 1.0), "restart.backoff", MAX_BACKOFF_S)
+    most = _seconds(f.get("max_backoff", max(60.0, backoff)), "restart.max_backoff", MAX_BACKOFF_S)
+    if most < backoff:
+        raise SpecError("restart.max_backoff", f"must be at least restart.backoff ({backoff:g}s)")
+    return RestartPolicy(0, True, backoff, most)
 
 
-def _placement(value: object) -> PlacementPolicy:
+def _seconds(value: object, field: str, high: float, least: float = 0.0) -> float:
+    """A duration of more than 0 (and at least `least`), and at most `high`."""
+    seconds = parse_duration(value, field)
+    if not (0 < seconds <= high and seconds >= least):
+        low = f"at least {least:g}s" if least else "more than 0s"
+        raise SpecError(field, f"must be {low} and at most {high:g}s, got {seconds:g}s")
+    return seconds
+
+
+def _partition(value: object) -> str:
+    name = _str(value, "partition")
+    if name and not _PARTITION_RE.fullmatch(name):
+        raise SpecError(
+            "partition",
+            "expected a partition name like stateless, batch or batch/critical "
+            f"(a-z, 0-9, '_', '-'; at most one '/'); got {name[:80]!r}",
+        )
+    return name
+
+
+def _service_fields(
+    f: dict[str, Any], service: bool, max_run_time: float | None, min_tasks: object
+) -> tuple[UpdatePolicy, HealthCheck | None]:
+    """A service's own fields, and the batch fields that make no sense for one."""
+    if not service:
+        for key in ("update", "health"):
+            if key in f:
+                raise SpecError(key, "applies only to kind: service")
+        return DEFAULT_UPDATE, None
+    if max_run_time is not None:
+        raise SpecError("max_run_time", "does not apply to a service: its replicas run for good")
+    if min_tasks is not None:
+        raise SpecError(
+            "min_tasks", "does not apply to a service: its replicas are placed one by one"
+        )
+    update = _update(f.get("update", {}))
+    health = _health(f["health"]) if "health" in f else None
+    return update, health
+
+
+def _update(value: object) -> UpdatePolicy:
+    f = _fields(value, "update", _UPDATE_FIELDS)
+    unavailable = _int(f.get("max_unavailable", 0), "update.max_unavailable", 0, MAX_COUNT)
+    surge = _int(f.get("max_surge", 1), "update.max_surge", 0, MAX_COUNT)
+    if not surge and not unavailable:
+        raise SpecError(
+            "update",
+            "max_surge and max_unavailable are both 0: no replica could ever be moved",
+        )
+    return UpdatePolicy(max_unavailable=unavailable, max_surge=surge)
+
+
+def _health(value: object) -> HealthCheck:
+    f = _fields(value, "health", _HEALTH_FIELDS)
+    if "command" not in f:
+        raise SpecError("health.command", "required")
+    command = _command(f["command"], "health.command")
+    interval = _seconds(
+        f.get("interval", 10.0), "health.interval", MAX_HEALTH_INTERVAL_S, MIN_HEALTH_INTERVAL_S
+    )
+    timeout = _seconds(f.get("timeout", min(5.0, interval)), "health.timeout", interval)
+    counts = {}
+    for key, default in (("healthy_after", 1), ("unhealthy_after", 3)):
+        counts[key] = _int(f.get(key, default), f"health.{key}", 1, MAX_HEALTH_COUNT)
+    return HealthCheck(
+        command, interval, timeout, counts["healthy_after"], counts["unhealthy_after"]
+    )
+
+
+def _placement(value: object, service: bool = False) -> PlacementPolicy:
     f = _fields(value, "placement", _PLACEMENT_FIELDS)
+    if service:
+        # A service's replicas are each placed alone (and each kept running alone).
+        if f.get("gang", False) is True:
+            raise SpecError(
+                "placement.gang", "does not apply to a service: its replicas are placed one by one"
+            )
+        f = {**f, "gang": False}
     if not f:
         return DEFAULT_PLACEMENT
     labels = _labels(f.get("labels", {}), "placement.labels")

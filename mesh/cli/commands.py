@@ -151,7 +151,11 @@ def read_inputs(args: argparse.Namespace) -> bool:
     """Read and check the files `job run` and `pool apply` send, into `args.texts`
     as (path, text) pairs; False (the error printed) when one is unreadable or bad."""
     kind = (args.cmd, getattr(args, f"{args.cmd}_cmd", None))
-    check = {("job", "run"): parse_job_spec, ("pool", "apply"): parse_pool_tree}.get(kind)
+    check = {
+        ("job", "run"): parse_job_spec,
+        ("job", "update"): parse_job_spec,
+        ("pool", "apply"): parse_pool_tree,
+    }.get(kind)
     if check is None:
         return True
     files = args.file if isinstance(args.file, list) else [args.file]
@@ -220,7 +224,39 @@ async def _job(args: argparse.Namespace, client: MeshClient) -> int:
         return EXIT_OK
     if args.job_cmd == "kill":
         return await _kill(args, client)
+    if args.job_cmd == "update":
+        return await _update(args, client)
     return await _logs(args, client)
+
+
+async def _update(args: argparse.Namespace, client: MeshClient) -> int:
+    """`mesh job update FILE [--job ID]`: the spec was read and checked by main."""
+    ((path, text),) = args.texts
+    job_id = args.job
+    if job_id is None:
+        name = parse_job_spec(text).name
+        found = [
+            j["job_id"]
+            for j in await client.jobs(limit=10_000)
+            if j["name"] == name
+            and j.get("kind") == "service"
+            and j["state"] in ("PENDING", "RUNNING")
+            and not j["kill_requested"]
+        ]
+        if len(found) != 1:
+            what = "no active service" if not found else f"{len(found)} active services"
+            print(
+                f"mesh job update: {what} named {name!r}; name one with --job ID", file=sys.stderr
+            )
+            return EXIT_USAGE
+        job_id = found[0]
+    reply = await client.update(job_id, text)
+    if reply["changed"]:
+        human = f"update of {job_id} requested from {path}: replicas are replaced one by one"
+    else:
+        human = f"{job_id} already runs this spec: nothing to update"
+    out(args, {"job_id": job_id, "changed": reply["changed"]}, human)
+    return EXIT_OK
 
 
 async def _run(args: argparse.Namespace, client: MeshClient) -> int:

@@ -243,6 +243,16 @@ def build_parser() -> argparse.ArgumentParser:
     kill.add_argument("--pool", help="active jobs in this pool")
     kill.add_argument("--all", action="store_true", help="every active job")
     kill.add_argument("--reason", default="")
+    upd = job.add_parser(
+        "update",
+        help="replace a running service's spec: its replicas are replaced one by one",
+        description="Send a new spec for a running service (kind: service). Its replicas "
+        "are replaced one by one: a new one started, the old one stopped once the new one "
+        "is running (and healthy), as its update: {max_surge, max_unavailable} allow. The "
+        "job is the active service of the spec's name, or --job ID.",
+    )
+    upd.add_argument("file", help="spec file, or - for stdin")
+    upd.add_argument("--job", metavar="JOB_ID", help="the service to update (default: by name)")
     lg = job.add_parser("logs", help="a task's log, from the agent that ran it")
     lg.add_argument("job_id")
     lg.add_argument(

@@ -158,6 +158,9 @@ def job_detail(job: dict, *, wide: bool = False, width: int | None = None) -> st
         f"submitted {ago(job['submitted_at'])}   "
         f"took {duration(job['submitted_at'], job['finished_at'])}",
     ]
+    service = job.get("kind") == "service"
+    if service:
+        lines.append(f"kind     service   generation {job.get('generation', 0)}")
     if job.get("kill_reason") and job["kill_requested"]:
         lines.append(f"killed   {job['kill_reason']}")
     if job.get("pending_reason"):
@@ -175,10 +178,14 @@ def job_detail(job: dict, *, wide: bool = False, width: int | None = None) -> st
         ]
         if wide:
             row[6:6] = [ago(t.get("placed_at")), ",".join(t.get("gpu_uuids") or []) or "-"]
+        if service:  # a replica's health check verdict ("-": none, or none yet)
+            row[2:2] = [t.get("health") or "-"]
         rows.append(row)
     headers = ["TASK", "STATE", "ATTEMPT", "NODE", "EXIT", "RAN", "MESSAGE"]
     if wide:
         headers[6:6] = ["PLACED", "GPUS"]
+    if service:
+        headers[2:2] = ["HEALTH"]
     lines += ["", table(rows, headers, width)]
     if wide:
         for t in job["task_list"]:

@@ -112,6 +112,10 @@ async def test_every_endpoint_answers_json(region):
 
     await eventually(ended, timeout=20)
 
+    # job.update is for services: a batch job's is refused, in JSON
+    upd = await call("job.update", {"job_id": job_id, "spec": spec})
+    assert upd["ok"] is False and upd["error"]["code"] == "CONFLICT", upd
+
     # errors come back as JSON too, with the documented shape
     missing = await call("job.get", {"job_id": "nope"})
     assert missing == {"ok": False, "error": {"code": "NOT_FOUND", "message": "no job 'nope'"}}

@@ -23,10 +23,12 @@ from mesh.schema import (
     ErrorCode,
     GpuProcessInfo,
     GpuStatus,
+    HealthProbe,
     JobKillRequested,
     JobListRequest,
     JobRef,
     JobSubmitted,
+    JobUpdated,
     KillRequest,
     LeaderElected,
     LogEntry,
@@ -36,13 +38,16 @@ from mesh.schema import (
     PoolApplyRequest,
     PoolRef,
     PoolsApplied,
+    ReplicaAdded,
     SubmitRequest,
     TaskEvent,
     TaskEventBatch,
     TaskPlaced,
     TaskPreemptRequested,
     TaskSpec,
+    TaskStopRequested,
     TaskUpdated,
+    UpdateRequest,
     decode,
     decode_task_events,
     encode,
@@ -126,8 +131,18 @@ simulated_run = st.builds(
     SimulatedRun, duration_s=floats(0.0, 365 * 86400.0), exit_code=ints(0, 255)
 )
 
+health_probe = st.builds(
+    HealthProbe,
+    argv=st.lists(text(30), max_size=5).map(tuple),
+    interval_s=floats(0.1, 3600.0),
+    timeout_s=floats(0.001, 3600.0),
+    healthy_after=ints(1, 100),
+    unhealthy_after=ints(1, 100),
+)
+
 task_spec = st.builds(
     TaskSpec,
+    health=st.none() | health_probe,
     argv=st.lists(text(30), max_size=5).map(tuple),
     env=st.dictionaries(text(10), text(20), max_size=4),
     workdir=st.none() | text(50),
@@ -163,6 +178,8 @@ task_event = st.builds(
     signal=st.none() | ints(0, 128),
     message=text(200),
     log_tail=text(200),
+    health=st.sampled_from(["", "healthy", "unhealthy"]),
+    health_seq=ints(),
 )
 
 # Free-form data as the codec hands it back: lists (never tuples), str keys, finite floats.
@@ -205,6 +222,7 @@ task_updated = st.builds(
     signal=st.none() | ints(-(2**63), INT64),
     message=text(100),
     log_tail=text(100),
+    health=st.sampled_from(["", "healthy", "unhealthy"]),
 )
 job_kill_requested = st.builds(JobKillRequested, job_id=text(128), ts=floats(), reason=text(100))
 leader_elected = st.builds(LeaderElected, term=ints(), leader_id=text(128), ts=floats())
@@ -219,7 +237,30 @@ task_preempt_requested = st.builds(
 pools_applied = st.builds(
     PoolsApplied, source=st.dictionaries(text(20), free_form, max_size=4), ts=floats()
 )
+job_updated = st.builds(
+    JobUpdated, job_id=text(128), spec=st.dictionaries(text(10), free_form, max_size=5), ts=floats()
+)
+replica_added = st.builds(
+    ReplicaAdded,
+    job_id=text(128),
+    task_id=text(128),
+    role=text(64),
+    index=ints(0, 10_000_000),
+    reason=text(100),
+    ts=floats(),
+)
+task_stop_requested = st.builds(
+    TaskStopRequested,
+    job_id=text(128),
+    task_id=text(128),
+    attempt=ints(),
+    reason=text(100),
+    ts=floats(),
+)
 log_event = st.one_of(
+    job_updated,
+    replica_added,
+    task_stop_requested,
     job_submitted,
     task_placed,
     task_updated,
@@ -277,6 +318,11 @@ STRATEGIES = {
     LeaderElected: leader_elected,
     TaskPreemptRequested: task_preempt_requested,
     PoolsApplied: pools_applied,
+    HealthProbe: health_probe,
+    JobUpdated: job_updated,
+    ReplicaAdded: replica_added,
+    TaskStopRequested: task_stop_requested,
+    UpdateRequest: st.builds(UpdateRequest, job_id=text(128), spec=free_form),
     PoolApplyRequest: st.builds(PoolApplyRequest, source=free_form),
     PoolRef: st.builds(PoolRef, path=text(512)),
     LogEntry: log_entry,

@@ -25,6 +25,7 @@ from mesh.schema import (
     PoolRef,
     SubmitManyRequest,
     SubmitRequest,
+    UpdateRequest,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +37,7 @@ REQUESTS: dict[str, type | None] = {
     "job.get": JobRef,
     "job.list": JobListRequest,
     "job.kill": KillRequest,
+    "job.update": UpdateRequest,
     "node.list": None,
     "node.get": NodeRef,
     "cluster.info": None,

@@ -234,7 +234,11 @@ BAD = [
     (_job(restart={"max_retries": 101}), "restart.max_retries", "MAX_RETRIES"),
     (_job(restart={"max_retries": -1}), "restart.max_retries", "between 0 and 100"),
     (_job(restart={"reschedule_on_lost": "yes"}), "restart.reschedule_on_lost", "true or false"),
-    (_job(restart={"retries": 1}), "restart.retries", "unknown field (known: max_retries"),
+    (
+        _job(restart={"retries": 1}),
+        "restart.retries",
+        "unknown field (known: backoff, max_backoff, max_retries",
+    ),
     (_job(labels=["a"]), "labels", "expected a mapping"),
     (_job(labels={"a": [1]}), "labels.a", "expected a string"),
     (_job(labels={"a": True}), "labels.a", "expected a string"),
@@ -254,7 +258,7 @@ BAD = [
     (
         _job(bogus=1),
         "bogus",
-        "unknown field (known: labels, max_run_time, min_tasks, name, placement, pool",
+        "unknown field (known: health, kind, labels, max_run_time, min_tasks, name, partition",
     ),
     (
         _group(bogus=1),
