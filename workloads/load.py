@@ -72,6 +72,7 @@ _ONLY_FOR = {
 MAX_LOAD_CORES = 4096.0  # a task's `cores`: more than any node has
 MAX_ORIGIN = 2**40  # seconds: any Unix time of this era, with room
 DAY_S = 86400.0
+_PEAK = 1.0  # the default peak, and a step curve's default step_to
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +82,7 @@ class LoadCurve:
     ``cores`` None means the task's cpu request (filled in by whoever runs it)."""
 
     curve: str = "flat"
-    peak: float = 1.0
+    peak: float = _PEAK
     trough: float = 0.0
     period_s: float = DAY_S
     phase_s: float = 0.0
@@ -196,7 +197,7 @@ def parse_load(value: object, path: str) -> LoadCurve:
             raise SpecError(field, f"expected a number, got {_show(item)}")
         else:
             kwargs[LOAD_FIELDS[key]] = float(item)
-    kwargs.setdefault("step_to", kwargs.get("peak", LoadCurve.peak))
+    kwargs.setdefault("step_to", kwargs.get("peak", _PEAK))
     try:
         return check_load(LoadCurve(**kwargs))
     except SpecError as exc:
