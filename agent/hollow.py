@@ -85,7 +85,11 @@ RSS; 5,000 nodes in 4.8-7.0 s (the server's consumer creation, which varies run 
 6.0-6.5 % CPU, 39 MB (the older CPU/A100/L4 mix with static GPUs, measured the same way
 the same day: 0.3 s, 2.1 %, 31 MB; 6.4 s, 6.3 %, 39 MB). A GPU node's heartbeat is
 ~1.2 KB (8 GPUs) against ~250 bytes for a CPU node; an unchanged one costs the same
-~3 us to encode, a re-measured one ~14 us. Driven directly on the wire, the fleet
+~3 us to encode, a re-measured one ~14 us. The CPU busy in each beat (issue 19),
+measured in process over the 5,000-node mix (best of 40 rounds, a shared 2-core machine):
+an idle node's beat 1.3 -> 1.65 us, one with 4 batch runs 2.9 -> 3.4 us; a node with a
+load curve computes it at every beat, ~5 us more (a diurnal replica on every node: 8.9 us
+a beat). Driven directly on the wire, the fleet
 takes ~2,000-2,200 short tasks/s in steady flow from assignment to acknowledged
 SUCCEEDED at either size, with the machine's two cores saturated (fleet ~80 %,
 nats-server ~45 %, the driver the rest); measured before the GPU state was added and not
