@@ -46,11 +46,12 @@ One fleet process carries thousands of nodes (a 2-core machine: 1,000 comfortabl
 - Heartbeats: one NodeState per node per period on `mesh.<r>.state.<node>`, spread
   evenly over the period in ticks of `HEARTBEAT_TICK_S` (a 5,000-node fleet sends 250
   every 50 ms, not 5,000 at once). The parts of a node's state that never change are
-  msgpack-encoded once; each beat packs only seq, ts, the live tasks and the GPU list,
-  byte for byte what `mesh.codec.encode` would produce. The GPU list is re-packed only
-  after a run started or ended on the node (or its background load changed), from
-  per-GPU chunks shared by all nodes of one inventory (`GpuWire`). Publishes are
-  buffered, never flushed one by one.
+  msgpack-encoded once; each beat packs only seq, ts, the CPU busy (cpu_percent, load1),
+  the live tasks and the GPU list, byte for byte what `mesh.codec.encode` would produce.
+  The GPU list is re-packed only after a run started or ended on the node (or its
+  background load changed), from per-GPU chunks shared by all nodes of one inventory
+  (`GpuWire`); the CPU busy likewise, unless a run on the node has a load curve, whose
+  value moves with time. Publishes are buffered, never flushed one by one.
 - Events: `agent.link.EventPublisher`: concurrent JetStream publishes over one
   connection, in order per task attempt (RUNNING is acknowledged before SUCCEEDED is
   sent), a node's events that are ready together in one message, retried until
@@ -66,6 +67,11 @@ delivers: H100 nodes mig or mps, A100 mps or watchdog, L4 watchdog.
 GPU state is measured from what runs (see `HollowNode`): memory from the grants, and
 utilization from the granted share scaled by a per-node busy factor, plus any
 background load a test puts on a GPU (`gpu_background=`, `set_gpu_background`).
+CPU busy too: the sum of the runs' simulated loads (`simulate.load`, a curve over time:
+workloads.load) and of the cpu requests of runs without one (`BATCH_BUSY` of each),
+plus seeded noise, so hotness and partition moves can be driven at scale. A hollow node
+reports no PSI (cpu_pressure, mem_pressure None) and no memory use.
+A run of `duration: forever` lasts until it is killed (a service replica).
 
 Failures: `HollowFleet.crash(node, down_s)` drops the node's runs without a word, stops
 its heartbeats for `down_s` and brings it back empty. A failing task is the spec's own
@@ -79,7 +85,11 @@ RSS; 5,000 nodes in 4.8-7.0 s (the server's consumer creation, which varies run 
 6.0-6.5 % CPU, 39 MB (the older CPU/A100/L4 mix with static GPUs, measured the same way
 the same day: 0.3 s, 2.1 %, 31 MB; 6.4 s, 6.3 %, 39 MB). A GPU node's heartbeat is
 ~1.2 KB (8 GPUs) against ~250 bytes for a CPU node; an unchanged one costs the same
-~3 us to encode, a re-measured one ~14 us. Driven directly on the wire, the fleet
+~3 us to encode, a re-measured one ~14 us. The CPU busy in each beat (issue 19),
+measured in process over the 5,000-node mix (best of 40 rounds, a shared 2-core machine):
+an idle node's beat 1.3 -> 1.65 us, one with 4 batch runs 2.9 -> 3.4 us; a node with a
+load curve computes it at every beat, ~5 us more (a diurnal replica on every node: 8.9 us
+a beat). Driven directly on the wire, the fleet
 takes ~2,000-2,200 short tasks/s in steady flow from assignment to acknowledged
 SUCCEEDED at either size, with the machine's two cores saturated (fleet ~80 %,
 nats-server ~45 %, the driver the rest); measured before the GPU state was added and not
@@ -113,6 +123,7 @@ from mesh.signing import AssignmentRefused, VerifyKey, key_id, load_verify_key, 
 from mesh.streams import ensure_streams
 from mesh.tasks import cancel_and_wait
 from workloads.lifecycle import ENDED, TaskState
+from workloads.load import LoadCurve, jitter, load_at
 
 log = logging.getLogger("mesh.hollow")
 
@@ -121,6 +132,9 @@ GiB = 1024**3
 HEARTBEAT_TICK_S = 0.05  # a period's heartbeats go out in slices this long
 SEEN_TTL_S = 900.0  # how long a node remembers a finished attempt (redelivery guard)
 BUSY_RANGE = (0.5, 1.0)  # how hard a node's tasks drive the GPU share they were granted
+# The share of its cpu request a simulated task without `load` keeps busy: all of it, so
+# batch work shows as busy as it is (a batch job asks for what it uses).
+BATCH_BUSY = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +230,7 @@ def inventory_mix(count: int, seed: int = 0, mix: tuple[NodeKind, ...] = MIX) ->
 
 # ------------------------------------------------------------ encoding, cheaply
 
-_DYNAMIC = ("seq", "ts", "gpus", "tasks")
+_DYNAMIC = ("seq", "ts", "cpu_percent", "load1", "gpus", "tasks")
 _GPU_DYNAMIC = ("uuid", "memory_used", "utilization")
 _EMPTY_ARRAY = msgpack.packb([])
 
@@ -241,25 +255,41 @@ def _cut(wire: dict, dynamic: tuple[str, ...]) -> list[bytes]:
     return chunks
 
 
+_IDLE = (msgpack.packb(0.0), msgpack.packb(0.0))  # cpu_percent and load1 of an idle node
+
+
 class StateWire:
     """A node's NodeState as msgpack, with the fields that never change packed once.
 
-    `encode(seq, ts, tasks, gpus_packed)` equals `mesh.codec.encode` of the same
-    NodeState: a map in field order whose static key/value pairs are kept as bytes between
-    the four values that change (`gpus` arrives packed: see `GpuWire`)."""
+    `encode(seq, ts, tasks, gpus_packed, busy_packed)` equals `mesh.codec.encode` of the
+    same NodeState: a map in field order whose static key/value pairs are kept as bytes
+    between the six values that change (`gpus` arrives packed: see `GpuWire`; and
+    `busy_packed` is cpu_percent and load1, packed)."""
 
-    __slots__ = ("_c0", "_c1", "_c2", "_c3", "_c4")
+    __slots__ = ("_c0", "_c1", "_c2", "_c3", "_c4", "_c5", "_c6")
 
     def __init__(self, template: NodeState) -> None:
-        self._c0, self._c1, self._c2, self._c3, self._c4 = _cut(to_wire(template), _DYNAMIC)
+        (self._c0, self._c1, self._c2, self._c3, self._c4, self._c5, self._c6) = _cut(
+            to_wire(template), _DYNAMIC
+        )
 
     def encode(
-        self, seq: int, ts: float, tasks: list[str], gpus_packed: bytes = _EMPTY_ARRAY
+        self,
+        seq: int,
+        ts: float,
+        tasks: list[str],
+        gpus_packed: bytes = _EMPTY_ARRAY,
+        busy_packed: tuple[bytes, bytes] = _IDLE,
     ) -> bytes:
-        return self.encode_packed(seq, msgpack.packb(ts), tasks, gpus_packed)
+        return self.encode_packed(seq, msgpack.packb(ts), tasks, gpus_packed, busy_packed)
 
     def encode_packed(
-        self, seq: int, ts_packed: bytes, tasks: list[str], gpus_packed: bytes = _EMPTY_ARRAY
+        self,
+        seq: int,
+        ts_packed: bytes,
+        tasks: list[str],
+        gpus_packed: bytes = _EMPTY_ARRAY,
+        busy_packed: tuple[bytes, bytes] = _IDLE,
     ) -> bytes:
         """`encode` with ts already packed (one packing serves a whole tick of nodes)."""
         return b"".join(
@@ -269,10 +299,14 @@ class StateWire:
                 self._c1,
                 ts_packed,
                 self._c2,
-                gpus_packed,
+                busy_packed[0],
                 self._c3,
-                msgpack.packb(tasks, use_bin_type=True) if tasks else _EMPTY_ARRAY,
+                busy_packed[1],
                 self._c4,
+                gpus_packed,
+                self._c5,
+                msgpack.packb(tasks, use_bin_type=True) if tasks else _EMPTY_ARRAY,
+                self._c6,
             )
         )
 
@@ -310,10 +344,28 @@ class GpuWire:
         return b"".join(parts)
 
 
+def node_seed(seed: int, index: int) -> int:
+    """The noise seed of a fleet's `index`th node: distinct per node and per fleet seed."""
+    return seed * 1_000_003 + index
+
+
 # ------------------------------------------------------------ one node
 
 # A running task's GPU grant on one node: (gpu index, milli-GPUs, bytes) per GPU.
 Grant = tuple[tuple[int, int, int], ...]
+
+
+class _Forever:
+    """What stands for the timer of a run that lasts until it is killed (`duration:
+    forever`): cancelling it is all a kill does to it."""
+
+    __slots__ = ()
+
+    def cancel(self) -> None:
+        pass
+
+
+FOREVER = _Forever()
 
 
 @dataclass(eq=False, slots=True)
@@ -326,6 +378,15 @@ class HollowNode:
     factor, seeded in BUSY_RANGE by the fleet) says how hard its tasks drive what they
     were given. `background` (percent per GPU index) is load from outside the mesh.
     Memory is not clamped to the GPU's size: an over-commit by the scheduler shows.
+
+    CPU busy is measured the same way: the cores its runs keep busy are the sum of each
+    run's `simulate.load` at the heartbeat's time (`workloads.load.load_at`, scaled to the
+    run's cpu request unless the curve gives `cores`), plus `batch_busy` x the cpu
+    request of each run without a load, plus the curves' noise (`jitter` of `load_seed`
+    and the second, times the sum of their amplitudes), never below 0. `load1` reports
+    those cores, `cpu_percent` min(100, 100 x cores / the node's cpus). A node whose runs
+    have no curve keeps its two figures packed between a run's start and end (they do
+    not move), so only nodes with curves compute them at each beat.
     A fleet holds thousands: slots, and what most nodes never use stays None."""
 
     node_id: str
@@ -348,6 +409,14 @@ class HollowNode:
     _gpu_mem: list[int] | None = field(default=None, repr=False)
     _wire: StateWire | None = field(default=None, repr=False)
     _gpus_packed: bytes | None = field(default=None, repr=False)  # None: to re-measure
+    load_seed: int = 0  # its noise's seed (the fleet derives one per node from its seed)
+    batch_busy: float = BATCH_BUSY
+    # runs without a load curve: their cpu requests (millicores); and runs with one: the
+    # curve and the cores it scales to
+    flat_cpu: dict[tuple[str, int], int] | None = field(default=None, repr=False)
+    curves: dict[tuple[str, int], tuple[LoadCurve, float]] | None = field(default=None, repr=False)
+    _flat_milli: int = field(default=0, repr=False)
+    _busy_packed: tuple[bytes, bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = self.inventory.gpus
@@ -402,10 +471,65 @@ class HollowNode:
             for i, (mem, util) in enumerate(self.measured())
         )
 
+    # -------------------------------------------------------- CPU
+
+    def busy_at(self, ts: float) -> tuple[float, float]:
+        """(cpu_percent, load1) at time `ts` (see the class docstring)."""
+        cores = self._flat_milli * self.batch_busy / 1000.0
+        if self.curves:
+            amplitude = 0.0
+            for load, scale in self.curves.values():
+                cores += load_at(load, ts, scale)
+                if load.noise:
+                    amplitude += load.noise * (scale if load.cores is None else load.cores)
+            if amplitude:
+                cores += amplitude * jitter(self.load_seed, int(ts))
+            cores = max(0.0, cores)
+        cpus = self.inventory.cpus
+        cpu = min(100.0, round(100.0 * cores / cpus, 1)) if cpus > 0 else 0.0
+        return cpu, round(cores, 2)
+
+    def _busy_wire(self, ts: float) -> tuple[bytes, bytes]:
+        if not self.curves:
+            if self._busy_packed is None:
+                if not self._flat_milli:
+                    self._busy_packed = _IDLE
+                else:
+                    cpu, load1 = self.busy_at(ts)
+                    self._busy_packed = (msgpack.packb(cpu), msgpack.packb(load1))
+            return self._busy_packed
+        cpu, load1 = self.busy_at(ts)
+        return msgpack.packb(cpu), msgpack.packb(load1)
+
+    def _count_cpu(self, key: tuple[str, int], spec: TaskSpec) -> None:
+        sim = spec.simulate
+        load = sim.load if sim is not None else None
+        if load is not None:
+            if self.curves is None:
+                self.curves = {}
+            self.curves[key] = (load, spec.resources.cpu / 1000.0)
+        elif spec.resources.cpu:
+            if self.flat_cpu is None:
+                self.flat_cpu = {}
+            self.flat_cpu[key] = spec.resources.cpu
+            self._flat_milli += spec.resources.cpu
+            self._busy_packed = None
+
+    def _uncount_cpu(self, key: tuple[str, int]) -> None:
+        if self.curves and self.curves.pop(key, None) is not None:
+            return
+        milli = self.flat_cpu.pop(key, 0) if self.flat_cpu else 0
+        if milli:
+            self._flat_milli -= milli
+            self._busy_packed = None
+
     # -------------------------------------------------------- runs
 
-    def start_run(self, key: tuple[str, int], spec: TaskSpec, timer: asyncio.TimerHandle) -> None:
+    def start_run(
+        self, key: tuple[str, int], spec: TaskSpec, timer: asyncio.TimerHandle | _Forever
+    ) -> None:
         self.running[key] = timer
+        self._count_cpu(key, spec)
         if spec.resources.gpu and self.inventory.gpus:
             grant = self._grant(spec)
             if grant:
@@ -417,8 +541,10 @@ class HollowNode:
                     self._gpu_mem[i] += mem
                 self._gpus_packed = None
 
-    def end_run(self, key: tuple[str, int]) -> asyncio.TimerHandle | None:
-        """Forget a run (its timer is returned, not cancelled) and release its GPUs."""
+    def end_run(self, key: tuple[str, int]) -> asyncio.TimerHandle | _Forever | None:
+        """Forget a run (its timer is returned, not cancelled) and release its GPUs and
+        the CPU it kept busy."""
+        self._uncount_cpu(key)
         grant = self.grants.pop(key, None) if self.grants else None
         if grant:
             for i, milli, mem in grant:
@@ -434,6 +560,9 @@ class HollowNode:
             timer.cancel()
         self.running.clear()
         self.owed = None
+        self.flat_cpu = self.curves = None
+        self._flat_milli = 0
+        self._busy_packed = None
         if self.grants:
             self.grants = None
             self._gpu_milli = [0] * self.inventory.gpus
@@ -468,6 +597,7 @@ class HollowNode:
         labels = {"kind": "edge" if inv.edge else "datacenter"}
         if inv.gpu_model:
             labels["gpu_model"] = inv.gpu_model
+        cpu_percent, load1 = self.busy_at(ts)
         return NodeState(
             node_id=self.node_id,
             region=region,
@@ -477,6 +607,8 @@ class HollowNode:
             zone=inv.zone,
             simulated=True,
             labels=labels,
+            cpu_percent=cpu_percent,
+            load1=load1,
             gpus=self._gpus(),
             tasks=tasks,
             verify_key=self.verify_key,
@@ -504,7 +636,9 @@ class HollowNode:
 
     def encode_state(self, region: str, ts: float | None = None, ts_packed: bytes = b"") -> bytes:
         """The next heartbeat, encoded: what `encode(self.state(region))` gives, cheaply.
-        The GPU list is re-packed only after a run started or ended on the node."""
+        The GPU list is re-packed only after a run started or ended on the node.
+        `ts_packed`, when given, is `ts` packed (`ts` is still needed: the CPU busy of
+        runs with a load curve depends on it)."""
         if self._wire is None:
             self._wire = StateWire(self._state(region, 0, 0.0, ()))
         gpus = _EMPTY_ARRAY
@@ -515,9 +649,12 @@ class HollowNode:
                 self._gpus_packed = self.gpu_wire.encode(f"GPU-{self.node_id}-", self.measured())
             gpus = self._gpus_packed
         self.seq += 1
+        if ts is None:
+            ts = time.time()
         if not ts_packed:
-            ts_packed = msgpack.packb(time.time() if ts is None else float(ts))
-        return self._wire.encode_packed(self.seq, ts_packed, self.live_tasks(), gpus)
+            ts_packed = msgpack.packb(float(ts))
+        busy = self._busy_wire(ts)
+        return self._wire.encode_packed(self.seq, ts_packed, self.live_tasks(), gpus, busy)
 
 
 class HollowFleet:
@@ -539,6 +676,7 @@ class HollowFleet:
         gpu_background: Mapping[str, int] | None = None,
         verify_key: str | os.PathLike[str] | VerifyKey | None = None,
         tls: ClientTls | None = None,
+        batch_busy: float = BATCH_BUSY,
     ) -> None:
         self.nats_url = nats_url
         self.tls = tls  # its certificate (fleet:PREFIX) on a secure mesh
@@ -555,7 +693,12 @@ class HollowFleet:
         for i, inv in enumerate(invs):
             node_id = f"{prefix}-{i:04d}"
             self.nodes[node_id] = HollowNode(
-                node_id, inv, busy=round(busy.uniform(*BUSY_RANGE), 3), gpu_wire=wires.get(inv)
+                node_id,
+                inv,
+                busy=round(busy.uniform(*BUSY_RANGE), 3),
+                gpu_wire=wires.get(inv),
+                load_seed=node_seed(seed, i),
+                batch_busy=batch_busy,
             )
         verify_id = key_id(verify_key) if verify_key is not None else ""
         for node_id, node in self.nodes.items():
@@ -690,12 +833,13 @@ class HollowFleet:
         publish = self.nc.publish
         while True:
             for group in groups:
-                now = msgpack.packb(time.time())
+                ts = time.time()
+                now = msgpack.packb(ts)
                 for subject, node in group:
                     if node.down:
                         continue
                     try:
-                        await publish(subject, node.encode_state(self.region, ts_packed=now))
+                        await publish(subject, node.encode_state(self.region, ts, now))
                     except Exception as exc:
                         log.debug("hollow heartbeat: %s", exc)
                 due += step
@@ -755,8 +899,11 @@ class HollowFleet:
         self.counts["runs"] += 1
         # A simulated service replica with a health check passes it from the start.
         self._report(node, a, TaskState.RUNNING, health="healthy" if a.spec.health else "")
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(a.spec.simulate.duration_s, self._finish, node, a)
+        duration = a.spec.simulate.duration_s
+        if duration is None:  # until killed
+            timer: asyncio.TimerHandle | _Forever = FOREVER
+        else:
+            timer = asyncio.get_running_loop().call_later(duration, self._finish, node, a)
         node.start_run(key, a.spec, timer)
 
     def _refuse(

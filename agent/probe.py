@@ -12,6 +12,7 @@ milliseconds per device; an agent that samples often can run
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ __all__ = [
     "GpuProcess",
     "HostProbe",
     "HostSample",
+    "PressureProbe",
+    "parse_pressure",
     "process_start_ticks",
     "process_start_time",
     "session_processes",
@@ -65,6 +68,10 @@ class HostSample:
     disk_total: int  # bytes, of the file system holding the agent's data dir
     disk_used: int
     gpus: tuple[GpuInfo, ...] = ()
+    # Linux PSI `some avg10` (percent of the last 10 s that some task waited for CPU /
+    # memory); None where the kernel has no PSI (see PressureProbe)
+    cpu_pressure: float | None = None
+    mem_pressure: float | None = None
 
 
 def _text(value: Any) -> str:
@@ -244,6 +251,59 @@ def _busy_and_total(times: Any) -> tuple[float, float]:
     return total - idle, total
 
 
+def parse_pressure(text: str) -> float | None:
+    """The `some avg10` figure of a PSI file (`some avg10=1.23 avg60=... total=...`),
+    clamped to 0..100; None when the text has none (a format this does not know)."""
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind != "some":
+            continue
+        for item in rest.split():
+            name, _, value = item.partition("=")
+            if name == "avg10":
+                try:
+                    x = float(value)
+                except ValueError:
+                    return None
+                return min(100.0, max(0.0, x)) if x == x else None  # x != x: nan
+    return None
+
+
+class PressureProbe:
+    """Linux pressure stall information (PSI): how much of the last 10 s tasks waited for
+    CPU and for memory, read from `<proc_root>/pressure/{cpu,memory}`.
+
+    Busy alone cannot tell a node at 100 % that keeps up from one whose work queues;
+    PSI can (docs: the kernel's Documentation/accounting/psi.rst). Two small reads of
+    procfs per sample, no psutil. Where the kernel has no PSI (before 4.20, built without
+    it, booted with psi=0: the read fails with EOPNOTSUPP) or a container hides
+    /proc/pressure, a resource reads None, and once a file is known to be absent it is
+    not tried again. `proc_root` lets tests give it a directory of their own."""
+
+    def __init__(self, proc_root: str | os.PathLike[str] = "/proc") -> None:
+        base = Path(proc_root) / "pressure"
+        self._paths: dict[str, Path | None] = {"cpu": base / "cpu", "memory": base / "memory"}
+
+    def read(self, resource: str) -> float | None:
+        path = self._paths[resource]
+        if path is None:
+            return None
+        try:
+            text = path.read_text(encoding="ascii", errors="replace")
+        except OSError as exc:
+            if isinstance(exc, FileNotFoundError | NotADirectoryError) or exc.errno in (
+                errno.EOPNOTSUPP,
+                errno.ENOTSUP,
+            ):
+                self._paths[resource] = None  # not this kernel's: not worth a syscall a beat
+            return None
+        return parse_pressure(text)
+
+    def sample(self) -> tuple[float | None, float | None]:
+        """(cpu, memory) `some avg10` now, percent, or None each."""
+        return self.read("cpu"), self.read("memory")
+
+
 class HostProbe:
     """Samples CPU, load, memory and disk without blocking.
 
@@ -252,9 +312,15 @@ class HostProbe:
     in one process do not skew each other.
     """
 
-    def __init__(self, data_dir: str | os.PathLike[str], gpu_probe: GpuProbe | None = None):
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        gpu_probe: GpuProbe | None = None,
+        proc_root: str | os.PathLike[str] = "/proc",
+    ):
         self._data_dir = Path(data_dir)
         self._gpu_probe = gpu_probe
+        self._pressure = PressureProbe(proc_root)
         self._cpu_count = psutil.cpu_count(logical=True) or os.cpu_count() or 1
         self._last_cpu = _busy_and_total(psutil.cpu_times())  # primes cpu_percent
 
@@ -282,6 +348,7 @@ class HostProbe:
         memory = psutil.virtual_memory()
         disk = psutil.disk_usage(str(self._disk_path()))
         gpus = self._gpu_probe.sample() if self._gpu_probe is not None else ()
+        cpu_pressure, mem_pressure = self._pressure.sample()
         return HostSample(
             cpu_count=self._cpu_count,
             cpu_percent=self._cpu_percent(),
@@ -291,6 +358,8 @@ class HostProbe:
             disk_total=int(disk.total),
             disk_used=int(disk.used),
             gpus=gpus,
+            cpu_pressure=cpu_pressure,
+            mem_pressure=mem_pressure,
         )
 
 

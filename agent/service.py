@@ -318,6 +318,8 @@ class Agent:
             memory_used=sample.memory_used,
             disk_used=sample.disk_used,
             gpus=gpus,
+            cpu_pressure=sample.cpu_pressure,
+            mem_pressure=sample.mem_pressure,
             # Also what ended with its outcome not yet stored: while the events stream
             # is away heartbeats still get through, and a task missing from them while
             # RUNNING in the log is declared LOST and run again.

@@ -23,6 +23,7 @@ from mesh.codec import (
     wf,
 )
 from workloads.lifecycle import TaskState
+from workloads.load import LOAD_FIELDS, LoadCurve, check_load
 from workloads.quantity import SpecError
 from workloads.resources import Resources
 from workloads.spec import MAX_SOURCE_BYTES, SimulatedRun
@@ -96,13 +97,32 @@ def _simulated_run(x: Any, path: str) -> SimulatedRun:
     if not isinstance(x, dict):
         raise WireError(path, f"expected a map, got {type(x).__name__}")
     duration, code = x.get("duration_s"), x.get("exit_code", 0)
-    if isinstance(duration, bool) or not isinstance(duration, (int, float)):
-        raise WireError(f"{path}.duration_s", "expected a number")
-    if not 0 <= duration <= 365 * 86400:
-        raise WireError(f"{path}.duration_s", f"{duration} is out of range [0, 1 year]")
+    if duration is not None:  # None: runs until killed (`duration: forever`)
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)):
+            raise WireError(f"{path}.duration_s", "expected a number or nil")
+        if not 0 <= duration <= 365 * 86400:
+            raise WireError(f"{path}.duration_s", f"{duration} is out of range [0, 1 year]")
+        duration = float(duration)
     if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
         raise WireError(f"{path}.exit_code", "expected an integer in [0, 255]")
-    return SimulatedRun(float(duration), code)
+    load = x.get("load")
+    return SimulatedRun(duration, code, None if load is None else _load(load, f"{path}.load"))
+
+
+_LOAD_ATTRS = frozenset(LOAD_FIELDS.values())
+
+
+def _load(x: Any, path: str) -> LoadCurve:
+    """A task's simulated load, checked by the spec's own rules (workloads.load)."""
+    if not isinstance(x, dict):
+        raise WireError(path, f"expected a map, got {type(x).__name__}")
+    kwargs = {k: v for k, v in x.items() if k in _LOAD_ATTRS}
+    if "cores" in kwargs and kwargs["cores"] is None:
+        del kwargs["cores"]
+    try:
+        return check_load(LoadCurve(**kwargs))
+    except SpecError as exc:
+        raise WireError(f"{path}.{exc.field}", exc.problem) from None
 
 
 register(SimulatedRun, _simulated_run)
@@ -155,6 +175,12 @@ class NodeState:
     # not (or is older than this field). The leader places nothing on a node it would
     # send what the node refuses.
     verify_key: str = wf("", max_len=64)
+    # Linux PSI (/proc/pressure/{cpu,memory}): the `some avg10` share of time, 0..100,
+    # that at least one task waited for CPU or memory; None where the kernel has no PSI
+    # (older kernels, some containers), on hollow nodes, and from senders older than
+    # these fields.
+    cpu_pressure: float | None = wf(None, ge=0.0, le=100.0)
+    mem_pressure: float | None = wf(None, ge=0.0, le=100.0)
     v: int = 1
 
 

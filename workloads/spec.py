@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from workloads.load import LoadCurve, load_to_dict, parse_load
 from workloads.quantity import (
     SpecError,
     _show,
@@ -36,6 +37,7 @@ from workloads.resources import Resources
 __all__ = [
     "DEFAULT_CPU",
     "DEFAULT_MEMORY",
+    "FOREVER",
     "MAX_COMMAND_BYTES",
     "MAX_COUNT",
     "MAX_ENV_BYTES",
@@ -132,7 +134,8 @@ MAX_BACKOFF_S = 86400.0  # a restart backoff (or its cap) of at most a day
 MAX_HEALTH_INTERVAL_S = 3600.0
 MIN_HEALTH_INTERVAL_S = 0.1  # a check every 100 ms at most: each one is a process
 MAX_HEALTH_COUNT = 100  # healthy_after / unhealthy_after
-_SIMULATE_FIELDS = ("duration", "exit_code")
+_SIMULATE_FIELDS = ("duration", "exit_code", "load")
+FOREVER = "forever"  # simulate.duration of a run that lasts until it is killed
 _PLACEMENT_FIELDS = ("labels", "strategy", "spread_by", "anti_affinity", "gpu_isolation", "gang")
 STRATEGIES = ("binpack", "spread", "pack")
 SPREAD_BY = ("zone", "node")
@@ -147,10 +150,14 @@ _NO_RESOURCES = Resources()  # frozen, so one shared instance is a safe default
 class SimulatedRun:
     """A run that only hollow (simulated) agents perform: they report it as lasting
     ``duration_s`` and ending with ``exit_code``, which lets scale tests and demos drive the
-    whole scheduler without starting processes."""
+    whole scheduler without starting processes. ``duration_s`` None (``duration:
+    forever``) runs until it is killed, as a service replica does. ``load`` is the CPU it
+    keeps busy meanwhile (workloads.load); None: its cpu request, at the hollow node's
+    default fraction."""
 
-    duration_s: float
+    duration_s: float | None
     exit_code: int = 0
+    load: LoadCurve | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,10 +351,13 @@ def _group_to_dict(group: TaskGroup) -> dict[str, Any]:
     if group.command:
         out["command"] = list(group.command)
     if group.simulate is not None:
-        out["simulate"] = {
-            "duration": float(group.simulate.duration_s),
-            "exit_code": group.simulate.exit_code,
-        }
+        sim = group.simulate
+        if sim.duration_s is None:
+            out["simulate"] = {"duration": FOREVER}
+        else:
+            out["simulate"] = {"duration": float(sim.duration_s), "exit_code": sim.exit_code}
+        if sim.load is not None:
+            out["simulate"]["load"] = load_to_dict(sim.load)
     if group.workdir is not None:
         out["workdir"] = group.workdir
     return out
@@ -976,7 +986,14 @@ def _parse_resources(value: object, path: str) -> Resources:
 def _simulate(value: object, path: str) -> SimulatedRun:
     f = _fields(value, path, _SIMULATE_FIELDS)
     if "duration" not in f:
-        raise SpecError(f"{path}.duration", "required")
+        raise SpecError(
+            f"{path}.duration", f"required (a duration, or {FOREVER!r} to run until killed)"
+        )
+    load = parse_load(f["load"], f"{path}.load") if "load" in f else None
+    if f["duration"] == FOREVER:
+        if "exit_code" in f:
+            raise SpecError(f"{path}.exit_code", f"a run of duration {FOREVER!r} never exits")
+        return SimulatedRun(duration_s=None, load=load)
     duration = parse_duration(f["duration"], f"{path}.duration")
     exit_code = _int(f.get("exit_code", 0), f"{path}.exit_code", 0, MAX_EXIT_CODE)
-    return SimulatedRun(duration_s=duration, exit_code=exit_code)
+    return SimulatedRun(duration_s=duration, exit_code=exit_code, load=load)

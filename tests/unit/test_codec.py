@@ -55,6 +55,7 @@ from mesh.schema import (
     ok,
 )
 from workloads.lifecycle import TaskState
+from workloads.load import LoadCurve
 from workloads.resources import Resources
 from workloads.spec import SimulatedRun
 
@@ -123,12 +124,32 @@ node_state = st.builds(
     gpus=st.lists(gpu_status, max_size=3).map(tuple),
     tasks=st.lists(text(40), max_size=5).map(tuple),
     note=text(100),
+    cpu_pressure=st.none() | floats(0.0, 100.0),
+    mem_pressure=st.none() | floats(0.0, 100.0),
     v=ints(-(2**63), INT64),
 )
 
-# The wire accepts what a spec can say: 0..1 year, exit codes 0..255.
+# The wire accepts what a spec can say: 0..1 year (or forever), exit codes 0..255, the
+# load curves workloads.load.check_load accepts.
+_level = floats(0.0, 1.0)
+load_curve = st.builds(
+    LoadCurve,
+    curve=st.sampled_from(["flat", "diurnal", "step"]),
+    peak=st.just(1.0),
+    trough=_level,
+    period_s=floats(0.001, 366 * 86400.0),
+    phase_s=floats(0.0, 366 * 86400.0),
+    cores=st.none() | floats(0.0, 4096.0),
+    noise=_level,
+    step_at_s=floats(0.0, 366 * 86400.0),
+    step_to=_level,
+    origin=floats(0.0, 2.0**40),
+)
 simulated_run = st.builds(
-    SimulatedRun, duration_s=floats(0.0, 365 * 86400.0), exit_code=ints(0, 255)
+    SimulatedRun,
+    duration_s=st.none() | floats(0.0, 365 * 86400.0),
+    exit_code=ints(0, 255),
+    load=st.none() | load_curve,
 )
 
 health_probe = st.builds(
@@ -620,6 +641,33 @@ def test_top_level_must_be_a_map():
             assign(spec={"simulate": {"duration_s": 1, "exit_code": 256}}),
             "spec.simulate.exit_code",
         ),
+        (Assignment, assign(spec={"simulate": {"load": 0.5}}), "spec.simulate.load"),
+        (
+            Assignment,
+            assign(spec={"simulate": {"load": {"curve": "sawtooth"}}}),
+            "spec.simulate.load.curve",
+        ),
+        (
+            Assignment,
+            assign(spec={"simulate": {"load": {"peak": "high"}}}),
+            "spec.simulate.load.peak",
+        ),
+        (
+            Assignment,
+            assign(spec={"simulate": {"load": {"curve": "diurnal", "peak": 0.1, "trough": 0.5}}}),
+            "spec.simulate.load.peak",
+        ),
+        (
+            Assignment,
+            assign(spec={"simulate": {"load": {"noise": -1.0}}}),
+            "spec.simulate.load.noise",
+        ),
+        (
+            Assignment,
+            assign(spec={"simulate": {"load": {"curve": "diurnal", "period_s": 0}}}),
+            "spec.simulate.load.period_s",
+        ),
+        (NodeState, node(cpu_pressure="high"), "cpu_pressure"),
         (LogEntry, entry(placed(attempt="2")), "events[0].attempt"),
     ],
 )
@@ -906,7 +954,7 @@ def test_invalid_utf8_string_is_refused():
 
 FIELD_NAMES = sorted(
     {f.name for cls in CLASSES for f in dataclasses.fields(cls)}
-    | {"_t", "cpu", "memory", "gpu", "duration_s", "exit_code"}
+    | {"_t", "cpu", "memory", "gpu", "duration_s", "exit_code", "load", "curve", "peak", "period_s"}
 )
 TAGS = [
     "JobSubmitted",

@@ -8,7 +8,9 @@ from collections import Counter
 import pytest
 
 from agent.hollow import (
+    BATCH_BUSY,
     BUSY_RANGE,
+    FOREVER,
     GiB,
     HollowFleet,
     HollowNode,
@@ -17,6 +19,8 @@ from agent.hollow import (
 )
 from mesh.codec import decode, encode
 from mesh.schema import NodeState, Resources, TaskSpec
+from workloads.load import LoadCurve, load_at
+from workloads.spec import SimulatedRun
 
 REGION = "default"
 A100 = Inventory(96, 1024 * GiB, "A100", 8, 80 * GiB, enforcement="mps")
@@ -190,3 +194,126 @@ def test_encoded_heartbeat_with_measured_gpus_is_what_the_codec_gives():
         if n:
             assert any(g.utilization for g in st.gpus)
             assert any(g.memory_used for g in st.gpus)
+
+
+# ------------------------------------------------------------ CPU busy from the runs
+
+CPU32 = Inventory(32, 128 * GiB)
+
+
+def sim_task(cpu: int, load: LoadCurve | None = None, duration: float | None = 60.0) -> TaskSpec:
+    return TaskSpec(resources=Resources(cpu=cpu), simulate=SimulatedRun(duration, 0, load))
+
+
+def test_an_idle_node_reports_no_busy():
+    st = HollowNode("h-0", CPU32).state(REGION)
+    assert (st.cpu_percent, st.load1) == (0.0, 0.0)
+    assert (st.cpu_pressure, st.mem_pressure) == (None, None)  # a hollow node has no PSI
+
+
+def test_runs_without_a_load_count_their_request_at_the_batch_fraction():
+    node = HollowNode("h-0", CPU32)
+    node.start_run(("t1", 0), sim_task(8000), None)
+    node.start_run(("t2", 0), sim_task(4000), None)
+    st = node.state(REGION)
+    assert BATCH_BUSY == 1.0
+    assert (st.cpu_percent, st.load1) == (37.5, 12.0)  # 12 of 32 cores
+    node.end_run(("t1", 0))
+    assert node.state(REGION).load1 == 4.0
+    half = HollowNode("h-1", CPU32, batch_busy=0.5)
+    half.start_run(("t1", 0), sim_task(8000), None)
+    assert half.state(REGION).load1 == 4.0
+
+
+def test_a_curve_is_followed_at_the_heartbeats_time():
+    node = HollowNode("h-0", CPU32)
+    load = LoadCurve("diurnal", 0.8, 0.2, 600.0, step_to=0.8)
+    node.start_run(("svc", 0), sim_task(16000, load), None)  # scales to its 16-core request
+    for ts in (1000.0, 1150.0, 1300.0, 1450.0):
+        cpu, load1 = node.busy_at(ts)
+        assert load1 == pytest.approx(load_at(load, ts, 16.0), abs=0.01)
+        assert cpu == pytest.approx(100 * load_at(load, ts, 16.0) / 32, abs=0.1)
+    peak, trough = node.busy_at(150.0), node.busy_at(450.0)
+    assert peak == (40.0, 12.8) and trough == (10.0, 3.2)
+
+
+def test_cpu_percent_is_capped_but_load_is_not():
+    node = HollowNode("h-0", CPU32)
+    node.start_run(("a", 0), sim_task(24000), None)
+    node.start_run(("b", 0), sim_task(16000, LoadCurve("flat", 1.0, cores=20.0)), None)
+    st = node.state(REGION)
+    assert st.cpu_percent == 100.0 and st.load1 == 44.0  # oversubscribed: 44 of 32 cores
+
+
+def test_noise_is_seeded_per_node_and_bounded_by_the_amplitudes():
+    def busy(seed: int) -> list[float]:
+        node = HollowNode("h", CPU32, load_seed=seed)
+        node.start_run(("s", 0), sim_task(8000, LoadCurve("flat", 0.5, noise=0.1)), None)
+        node.start_run(("b", 0), sim_task(2000), None)
+        return [node.busy_at(float(t))[1] for t in range(300)]
+
+    a = busy(1)
+    assert a == busy(1)  # the same seed, the same noise
+    assert a != busy(2)
+    assert all(6.0 - 0.8 <= x <= 6.0 + 0.8 for x in a)  # 4 + 2 cores, +-0.1 x 8 cores
+    assert max(a) > 6.6 and min(a) < 5.4
+    assert sum(a) / len(a) == pytest.approx(6.0, abs=0.1)
+    # one draw per second: the noise does not move within a second
+    node = HollowNode("h", CPU32, load_seed=1)
+    node.start_run(("s", 0), sim_task(8000, LoadCurve("flat", 0.5, noise=0.1)), None)
+    assert node.busy_at(100.2) == node.busy_at(100.9)
+
+
+def test_fleet_nodes_get_distinct_seeded_noise():
+    a = HollowFleet("nats://127.0.0.1:1", count=50, seed=5)
+    b = HollowFleet("nats://127.0.0.1:1", count=50, seed=5)
+    seeds = [n.load_seed for n in a.nodes.values()]
+    assert seeds == [n.load_seed for n in b.nodes.values()]
+    assert len(set(seeds)) == 50
+    assert (
+        seeds[0]
+        != HollowFleet("nats://127.0.0.1:1", count=1, seed=6).nodes["hollow-0000"].load_seed
+    )
+    assert (
+        HollowFleet("nats://127.0.0.1:1", count=1, batch_busy=0.3).nodes["hollow-0000"].batch_busy
+        == 0.3
+    )
+
+
+def test_busy_is_released_by_ends_and_crashes():
+    node = HollowNode("h-0", CPU32)
+    node.start_run(("a", 0), sim_task(8000), None)
+    node.start_run(("b", 0), sim_task(8000, LoadCurve("flat", 0.5)), None)
+    node.end_run(("b", 0))
+    assert node.state(REGION).load1 == 8.0
+    node.end_run(("a", 0))
+    assert node.state(REGION).load1 == 0.0
+    node.start_run(("c", 0), sim_task(8000), FOREVER)
+    node.start_run(("d", 0), sim_task(8000, LoadCurve("flat", 0.5)), FOREVER)
+    assert node.state(REGION).load1 == 12.0
+    assert node.drop_all() == [("c", 0), ("d", 0)]
+    assert node.state(REGION).load1 == 0.0
+    assert node.encode_state(REGION, 5.0) == encode(node._state(REGION, node.seq, 5.0, ()))
+
+
+def test_encoded_heartbeat_with_busy_is_what_the_codec_gives():
+    node = HollowNode("h-0", A100, load_seed=9)
+    diurnal = LoadCurve("diurnal", 0.9, 0.1, 60.0, cores=12.0, noise=0.05, step_to=0.9)
+    steps = [
+        ("batch", sim_task(8000)),
+        ("svc", sim_task(4000, diurnal)),
+        ("gpu", gpu_task(500, GiB)),
+        ("forever", sim_task(2000, duration=None)),
+    ]
+    for i, (name, spec) in enumerate(steps):
+        node.start_run((name, i), spec, None)
+        for ts in (1000.0 + i, 1007.5 + i, 1031.0 + i):
+            st = node._state(REGION, node.seq + 1, ts, tuple(node.live_tasks()))
+            raw = node.encode_state(REGION, ts)
+            assert raw == encode(st), (name, ts)
+            assert decode(NodeState, raw) == st
+    assert st.load1 > 8.0 and st.cpu_percent > 0.0
+    node.end_run(("svc", 1))
+    st = node._state(REGION, node.seq + 1, 2000.0, tuple(node.live_tasks()))
+    assert node.encode_state(REGION, 2000.0) == encode(st)
+    assert st.load1 == 11.0  # batch 8 + gpu task 1 + forever 2

@@ -18,6 +18,7 @@ from workloads import (
     TaskGroup,
     parse_job_spec,
 )
+from workloads.load import LoadCurve
 from workloads.spec import (
     DEFAULT_CPU,
     DEFAULT_MEMORY,
@@ -464,9 +465,39 @@ def _resources(draw) -> Resources:
     )
 
 
+_levels = st.floats(0.0, 1.0)
+_cores = st.none() | st.floats(0.0, 4096.0)
+_year = st.floats(0.0, 366 * 86400.0)  # a curve's durations
+
+
+@st.composite
+def _loads(draw) -> LoadCurve:
+    """A curve as the parser builds it: the fields of other curves at their defaults."""
+    curve = draw(st.sampled_from(["flat", "diurnal", "step"]))
+    peak, noise, cores, origin = draw(_levels), draw(_levels), draw(_cores), draw(_durations)
+    if curve == "flat":
+        return LoadCurve("flat", peak, cores=cores, noise=noise, step_to=peak, origin=origin)
+    trough = draw(st.floats(0.0, peak))
+    if curve == "diurnal":
+        period = draw(_year.filter(lambda d: d > 0))
+        phase = draw(_year)
+        return LoadCurve("diurnal", peak, trough, period, phase, cores, noise, 0.0, peak, origin)
+    step_at = draw(_year)
+    return LoadCurve(
+        "step", peak, trough, cores=cores, noise=noise, step_at_s=step_at,
+        step_to=draw(_levels), origin=origin,
+    )  # fmt: skip
+
+
+_simulated = st.one_of(
+    st.builds(SimulatedRun, _durations, st.integers(0, 255), st.none() | _loads()),
+    st.builds(SimulatedRun, st.none(), st.just(0), st.none() | _loads()),  # forever
+)
+
+
 @st.composite
 def _task_groups(draw, role: str) -> TaskGroup:
-    simulate = draw(st.one_of(st.none(), st.builds(SimulatedRun, _durations, st.integers(0, 255))))
+    simulate = draw(st.one_of(st.none(), _simulated))
     command = draw(
         st.one_of(
             st.tuples(st.text(min_size=1, max_size=10).filter(lambda s: "\x00" not in s)),
