@@ -316,7 +316,9 @@ class RegionState:
         new config changes every node's allocatable, so the snapshot is built whole."""
         m = self.partitions
         if isinstance(ev, NodePartitionSet):
-            done = m.set_desired(ev.node_id, ev.desired, ev.source, ev.reason, ev.break_glass, ev.ts)
+            done = m.set_desired(
+                ev.node_id, ev.desired, ev.source, ev.reason, ev.break_glass, ev.ts
+            )
         elif isinstance(ev, NodePartitionChanged):
             done = m.converged(ev.node_id, ev.partition, ev.ts)
         elif isinstance(ev, BreakGlassSet):

@@ -121,7 +121,9 @@ def _partitions(doc: Any) -> tuple[PartitionSpec, ...]:
         kw = {}
         for key, value in settings.items():
             if key not in _SPEC_FIELDS:
-                raise SpecError(f"{where}.{key}", f"unknown field; known: {', '.join(_SPEC_FIELDS)}")
+                raise SpecError(
+                    f"{where}.{key}", f"unknown field; known: {', '.join(_SPEC_FIELDS)}"
+                )
             kw[key] = _value(value, getattr(PartitionSpec(name), key), f"{where}.{key}")
         out.append(PartitionSpec(name, **kw))
     return tuple(out)

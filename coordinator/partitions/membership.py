@@ -81,6 +81,8 @@ class Membership:
 
     def __init__(self) -> None:
         self.config = PartitionsConfig()
+        self._names = frozenset(p.name for p in self.config.partitions)
+        self._specs = {p.name: p for p in self.config.partitions}
         self.config_source = ""  # the YAML text applied last ("" : the defaults)
         self.nodes: dict[str, NodeMembership] = {}
         self.moving: set[str] = set()  # nodes with desired != current
@@ -95,6 +97,8 @@ class Membership:
         except SpecError:
             return False
         self.config, self.config_source = cfg, source
+        self._names = frozenset(p.name for p in cfg.partitions)
+        self._specs = {p.name: p for p in cfg.partitions}
         return True
 
     def set_desired(
@@ -149,13 +153,10 @@ class Membership:
     # ------------------------------------------------------------ queries
 
     def names(self) -> frozenset[str]:
-        return frozenset(p.name for p in self.config.partitions)
+        return self._names
 
     def spec(self, name: str) -> PartitionSpec:
-        for p in self.config.partitions:
-            if p.name == name:
-                return p
-        return PartitionSpec(name)
+        return self._specs.get(name) or PartitionSpec(name)
 
     def partition_of(self, node_id: str, labels: Mapping[str, str] | None = None) -> str:
         rec = self.nodes.get(node_id)
