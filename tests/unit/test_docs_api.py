@@ -16,13 +16,18 @@ from mesh.schema import (
     MAX_BATCH,
     MAX_REQUEST,
     MAX_SPEC_BYTES,
+    BreakGlassRequest,
     ErrorCode,
     JobListRequest,
     JobRef,
     KillRequest,
     NodeRef,
+    PartitionApplyRequest,
+    PartitionMoveRequest,
+    PartitionRef,
     PoolApplyRequest,
     PoolRef,
+    RestoreRequest,
     SubmitManyRequest,
     SubmitRequest,
 )
@@ -42,6 +47,12 @@ REQUESTS: dict[str, type | None] = {
     "pool.apply": PoolApplyRequest,
     "pool.list": None,
     "pool.get": PoolRef,
+    "partition.list": None,
+    "partition.get": PartitionRef,
+    "partition.apply": PartitionApplyRequest,
+    "partition.move": PartitionMoveRequest,
+    "partition.break_glass": BreakGlassRequest,
+    "partition.restore": RestoreRequest,
 }
 
 
