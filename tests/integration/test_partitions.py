@@ -5,6 +5,7 @@ started; break-glass and restore through the `mesh` CLI."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
@@ -87,7 +88,11 @@ async def test_a_new_leader_finishes_a_move_the_dead_one_started(region, procs):
     procs(region.url, "coordinator", "--id", "p2", name="p2")
     await region.fleet(1, inventories=ONE_NODE)
     await region.ready(1)
-    # a non-preemptible task the move must wait for, and preemptible ones it stops
+    # a non-preemptible task the move must wait for (within its pool's reservation, as
+    # a non-preemptible job must be: docs/pools.md), and preemptible ones it stops
+    await client.pool_apply(
+        "pools:\n  /default:\n    cpu: {reservation: 2}\n    memory: {reservation: 1Gi}\n"
+    )
     pinned = await client.submit(batch_job("pin", 1, 6.0, preemptible=False), retries=60)
     batch = await client.submit(batch_job("bat", 3, 30.0), retries=60)
     await eventually(lambda: running_on(client, pinned, "hollow-0000", 1), timeout=20)
@@ -127,22 +132,13 @@ async def test_break_glass_and_restore_through_the_cli(region, tmp_path):
     env["MESH_HOME"] = str(tmp_path / "home")
     cli = ("--nats", region.url, "--insecure", "--user", "oncall")
 
-    r = run_mesh(*cli, "partition", "break-glass", "--to", "stateless", "--reason", "x", env=env)
+    async def mesh(*args: str):  # off the loop: the coordinator answering it runs on it
+        return await asyncio.to_thread(lambda: run_mesh(*cli, *args, env=env))
+
+    r = await mesh("partition", "break-glass", "--to", "stateless", "--reason", "x")
     assert r.returncode == 2, r.stderr  # --nodes N or --all: one is required
-    r = run_mesh(
-        *cli,
-        "--json",
-        "partition",
-        "break-glass",
-        "--to",
-        "stateless",
-        "--all",
-        "--ttl",
-        "10m",
-        "--reason",
-        "checkout is down",
-        env=env,
-    )
+    glass = ("break-glass", "--to", "stateless", "--all", "--ttl", "10m")
+    r = await mesh("--json", "partition", *glass, "--reason", "checkout is down")
     assert r.returncode == 0, r.stderr
     moved = json.loads(r.stdout)
     assert {m["node_id"] for m in moved["moves"]} == {f"hollow-000{i}" for i in range(3)}
@@ -157,14 +153,12 @@ async def test_break_glass_and_restore_through_the_cli(region, tmp_path):
         return rows["stateless"]["nodes"] == 3 and rows["stateless"]["draining"] == 0
 
     await eventually(all_stateless, timeout=20)
-    r = run_mesh(*cli, "partition", "list", env=env)
+    r = await mesh("partition", "list")
     assert r.returncode == 0 and "break-glass to stateless: 3 nodes, by oncall" in r.stdout
-    r = run_mesh(
-        *cli, "partition", "break-glass", "--to", "stateless", "--all", "--reason", "again", env=env
-    )
+    r = await mesh("partition", *glass, "--reason", "again")
     assert r.returncode == 1 and "CONFLICT" in r.stderr  # one at a time
 
-    r = run_mesh(*cli, "partition", "restore", "--reason", "fixed", env=env)
+    r = await mesh("partition", "restore", "--reason", "fixed")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("stateless -> batch") == 3
 
@@ -176,7 +170,7 @@ async def test_break_glass_and_restore_through_the_cli(region, tmp_path):
     job = await client.wait(job_id, timeout=90)  # preempted, requeued, ran again
     assert job["state"] == "SUCCEEDED"
     assert all(any(h["state"] == "PREEMPTED" for h in t["history"]) for t in job["task_list"])
-    r = run_mesh(*cli, "partition", "restore", env=env)
+    r = await mesh("partition", "restore")
     assert r.returncode == 1 and "no break-glass is in force" in r.stderr
 
 
