@@ -52,9 +52,9 @@ async def test_every_endpoint_answers_json(region):
     assert node["ok"] and node["node"]["node_id"] == "hollow-0000"
 
     applied = await call("pool.apply", {"source": "pools:\n  /batch: {cpu: {reservation: 1}}\n"})
-    assert applied == {"ok": True, "pools": ["/", "/batch"]}
+    assert applied == {"ok": True, "pools": ["/", "/batch", "/default"]}
     pools = await call("pool.list", {})
-    assert [p["path"] for p in pools["pools"]] == ["/", "/batch"]
+    assert [p["path"] for p in pools["pools"]] == ["/", "/batch", "/default"]
     pool = await call("pool.get", {"path": "/batch"})
     assert pool["ok"] and pool["pool"]["path"] == "/batch"
 
@@ -111,6 +111,22 @@ async def test_every_endpoint_answers_json(region):
         return job["job"]["state"] == "KILLED"
 
     await eventually(ended, timeout=20)
+
+    # partitions (docs/partitions.md)
+    conf = await call("partition.apply", {"source": "partitions: {stateless: {}, batch: {}}\n"})
+    assert conf == {"ok": True, "partitions": ["stateless", "batch"]}
+    listed = await call("partition.list", {})
+    assert {p["name"]: p["nodes"] for p in listed["partitions"]} == {"stateless": 0, "batch": 2}
+    got = await call("partition.get", {"name": "batch"})
+    assert {n["node_id"] for n in got["partition"]["node_list"]} == {"hollow-0000", "hollow-0001"}
+    move = {"nodes": ["hollow-0001"], "to": "stateless", "reason": "json", "by": "t"}
+    moved = await call("partition.move", move)
+    assert moved["ok"] and moved["moves"][0]["to"] == "stateless", moved
+    glass = {"to": "stateless", "count": 1, "ttl_s": 60, "reason": "drill", "by": "t"}
+    broke = await call("partition.break_glass", glass)
+    assert broke["ok"] and broke["break_glass"]["by"] == "t", broke
+    restored = await call("partition.restore", {"reason": "done", "by": "t"})
+    assert restored["ok"], restored
 
     # errors come back as JSON too, with the documented shape
     missing = await call("job.get", {"job_id": "nope"})
