@@ -21,8 +21,10 @@ import yaml
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from coordinator import partition_api
 from coordinator.fitting import submit_warning
 from coordinator.joblog import MAX_ENTRY_BYTES, Fenced, Unavailable
+from coordinator.partitions.membership import allocatable
 from coordinator.pooling import pool_rows, pool_view
 from coordinator.pools import parse_pool_tree
 from coordinator.pools.default import job_pool, with_default_pool
@@ -77,8 +79,12 @@ ENDPOINTS = (
     "node.list",
     "node.get",
     "cluster.info",
+    *partition_api.ENDPOINTS,
 )
-WRITES = frozenset({"job.submit", "job.submit_many", "job.kill", "job.update", "pool.apply"})
+WRITES = (
+    frozenset({"job.submit", "job.submit_many", "job.kill", "job.update", "pool.apply"})
+    | partition_api.WRITES
+)
 VERSION = "0.1.0"
 
 
@@ -105,6 +111,7 @@ class Api:
             "pool.apply": self.pool_apply,
             "pool.list": self.pool_list,
             "pool.get": self.pool_get,
+            **partition_api.handlers(self, _decode),
         }
 
     # ------------------------------------------------------------ serving
@@ -576,9 +583,14 @@ class Api:
 
     def _pool_rows(self) -> list[dict]:
         c = self.coord
+        # The pools divide the region's allocatable over all partitions, as placement
+        # counts it (docs/partitions.md): it does not move when nodes change partition.
         capacity = Resources()
+        m = c.state.partitions
         for v in c.cluster.ready():
-            capacity = capacity + v.state.capacity
+            capacity = capacity + allocatable(
+                v.state.capacity, m.spec(m.partition_of(v.node_id, v.state.labels))
+            )
         view = pool_view(c.state, capacity, time.time())
         return pool_rows(c.state, view)
 

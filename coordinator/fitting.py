@@ -131,7 +131,16 @@ def _needs(spec: JobSpec, runs: list[list], held: int, total: tuple[int, ...]) -
 def _basis(node) -> tuple:
     """What of a node decides what can ever fit it (not what is allocated or measured)."""
     gpus = tuple((g.memory_total, g.enforcement) for g in node.gpus)
-    return (node.node_id, node.capacity, node.simulated, node.zone, dict(node.labels), gpus)
+    return (
+        node.node_id,
+        node.capacity,
+        node.simulated,
+        node.zone,
+        dict(node.labels),
+        gpus,
+        node.partition,
+        node.draining,
+    )
 
 
 @dataclass(slots=True)
@@ -229,7 +238,7 @@ class RegionFit:
         for shape, k in needs.at_once:
             ok = _fits_idle(w, shape)
             if not ok.any():
-                why = _counted(rejections(w, shape))
+                why = _counted(rejections(w, shape, idle=True))
                 return _never(f"a task ({describe(shape)}) fits no node, even idle: {why}")
             room = int(_copies(w, shape, needs.anti_affinity)[ok].sum())
             if room < k:
@@ -284,7 +293,7 @@ def _holding(job: JobRecord) -> int:
 def _fits_idle(w: Working, shape: Shape) -> np.ndarray:
     ok = np.ones(len(w.snap), dtype=bool)
     for f in FILTERS:
-        if f.applies(shape):
+        if f.applies(shape) and not f.measured:
             ok &= f.ok(w, slice(None), shape)
     return ok
 

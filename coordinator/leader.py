@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from nats.js.api import ConsumerConfig
 
 from coordinator.joblog import Fenced, LogWriter, Unavailable
+from coordinator.partitions.loop import PartitionLoop
 from coordinator.pooling import PoolView, preemptions
 from coordinator.reconcile import (
     Kill,
@@ -132,6 +133,8 @@ class Leader:
         self._doubt_mark = 0  # writer.appends when the last of them was added
         self._sending: set[asyncio.Task[None]] = set()
         self._sent_again: set[tuple[str, int]] = set()  # resent once after a doubted refusal
+        # Partition moves: TTLs of break-glass, and the controller once it is wired in.
+        self.partitions = PartitionLoop(self)
 
     async def start(self) -> None:
         """Catch up with the log, then claim it with a fenced LeaderElected entry."""
@@ -145,6 +148,7 @@ class Leader:
         self._tasks = [
             asyncio.create_task(self._reconcile_loop(), name="leader-reconcile"),
             asyncio.create_task(self._check_events_loop(), name="leader-events-check"),
+            asyncio.create_task(self.partitions.run(), name="leader-partitions"),
         ]
 
     async def stop(self) -> None:

@@ -14,6 +14,7 @@ from coordinator.changes import Mark
 from coordinator.cluster import DOWN, HEARD, ClusterView, NodeView
 from coordinator.fitting import region_fit
 from coordinator.parking import gang_due, park, park_never, park_unfit, parked
+from coordinator.partitions.drain import drain_moves
 from coordinator.placement import GangRequest, Placement, Snapshot
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
 from coordinator.scheduling import (
@@ -65,6 +66,8 @@ def reconcile(
     _requeue_or_settle(state, now, d)
     _kill_requested_jobs(state, now, d)
     _kill_stale_copies(state, nodes, d)
+    if state.partitions.moving:
+        d.events.extend(drain_moves(state, now))  # docs/partitions.md
     _reclaim_preempted(state, d)
     _stop_replicas(state, now, d)
     if not d.events and state.services:

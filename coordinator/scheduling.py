@@ -12,6 +12,7 @@ from functools import lru_cache
 from typing import TypeVar
 
 from coordinator.cluster import ClusterView, NodeView
+from coordinator.partitions.membership import allocatable, job_partition, placing
 from coordinator.placement import (
     PROFILES,
     GangRequest,
@@ -78,7 +79,11 @@ def holds_line(waited: float, config: PlacementConfig) -> bool:
 
 
 def node_info(view: NodeView, state: RegionState) -> NodeInfo:
+    """A node as placement sees it: measured by its agent, allocated by the log, and in
+    its partition (docs/partitions.md): cordoned while it moves, offering its partition's
+    allocatable (oversubscribed cpu) under a busy limit."""
     st = view.state
+    member = placing(state.partitions, st.node_id, st.labels)
     gpus = tuple(
         GpuSlot(
             g.uuid,
@@ -93,13 +98,16 @@ def node_info(view: NodeView, state: RegionState) -> NodeInfo:
     )
     return NodeInfo(
         st.node_id,
-        st.capacity,
+        allocatable(st.capacity, state.partitions.spec(member.partition)),
         state.allocated(st.node_id),
         st.simulated,
         st.zone,
         st.labels,
         gpus,
         st.cpu_percent / 100.0,
+        member.partition,
+        member.draining,
+        member.busy_limit,
     )
 
 
@@ -176,6 +184,7 @@ def spec_shape(spec: JobSpec, group: TaskGroup) -> Shape:
         group.simulate is not None,
         p.labels,
         p.gpu_isolation,
+        job_partition(spec),
     )
 
 

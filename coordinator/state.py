@@ -14,14 +14,20 @@ from dataclasses import dataclass, field, replace
 from sortedcontainers import SortedDict
 
 from coordinator.changes import Changes
+from coordinator.partitions.membership import Membership
 from coordinator.pools import PoolConfigError, PoolTree, parse_pool_tree
 from coordinator.pools.jobs import PendingJob
 from mesh.schema import (
+    BreakGlassEnded,
+    BreakGlassSet,
     JobKillRequested,
     JobSubmitted,
     JobUpdated,
     LeaderElected,
     LogEntry,
+    NodePartitionChanged,
+    NodePartitionSet,
+    PartitionsConfigSet,
     PoolsApplied,
     ReplicaAdded,
     TaskPlaced,
@@ -227,6 +233,15 @@ class JobRecord:
         }
 
 
+_PARTITION_EVENTS = (
+    NodePartitionSet,
+    NodePartitionChanged,
+    BreakGlassSet,
+    BreakGlassEnded,
+    PartitionsConfigSet,
+)
+
+
 def _add_to(acc: dict[str, Resources], key: str, r: Resources, sign: int) -> None:
     """Add (sign > 0) or take away `r` at `key`; a key that comes to nothing goes."""
     new = acc.get(key, NOTHING) + r if sign > 0 else acc.get(key, NOTHING) - r
@@ -287,6 +302,8 @@ class RegionState:
         self.parsed: dict[str, JobSpec] = {}  # job id -> its spec, parsed by this process
         self.job_counts: dict[str, int] = {}  # jobs per JobState, kept by the fold
         self._recount_due: dict[str, JobRecord] = {}  # jobs an entry moved, counted after it
+        # Which partition each node is in, moves in flight, break-glass (docs/partitions.md).
+        self.partitions = Membership()
 
     # ------------------------------------------------------------ fold
 
@@ -358,6 +375,32 @@ class RegionState:
         elif isinstance(ev, LeaderElected):
             self.term = max(self.term, ev.term)
             self.leader_id = ev.leader_id
+        elif isinstance(ev, _PARTITION_EVENTS):
+            self._partition_event(ev)
+
+    def _partition_event(self, ev: object) -> None:
+        """Partition membership, moves and break-glass, kept by `Membership`. A node whose
+        partition or cordon moved has its placement row rebuilt (the grants journal); a
+        new config changes every node's allocatable, so the snapshot is built whole."""
+        m = self.partitions
+        if isinstance(ev, NodePartitionSet):
+            done = m.set_desired(
+                ev.node_id, ev.desired, ev.source, ev.reason, ev.break_glass, ev.ts
+            )
+        elif isinstance(ev, NodePartitionChanged):
+            done = m.converged(ev.node_id, ev.partition, ev.ts)
+        elif isinstance(ev, BreakGlassSet):
+            m.glass_set(ev.to, ev.nodes, ev.reason, ev.by, ev.until_ts, ev.ts)
+            return
+        elif isinstance(ev, BreakGlassEnded):
+            done = m.glass_ended()
+        else:
+            done = m.set_config(ev.source)
+            self.memo.pop("snapshot", None)
+        if not done:
+            self.ignored += 1
+        elif isinstance(ev, NodePartitionSet | NodePartitionChanged):
+            self.node_changes.add(ev.node_id)
 
     def _job_submitted(self, seq: int, ev: JobSubmitted) -> None:
         if ev.job_id in self.jobs or ev.client_id in self.by_client:

@@ -4,6 +4,7 @@ cluster view. Environment values are never echoed back (they may hold secrets)."
 from __future__ import annotations
 
 from coordinator.cluster import NodeView
+from coordinator.partitions.views import node_partition
 from coordinator.state import JobRecord, RegionState
 
 
@@ -54,4 +55,5 @@ def node_summary(view: NodeView, state: RegionState, now: float) -> dict:
         "refusing": s.refusing,
         "verify_key": s.verify_key,  # the key it verifies assignments with ("": none)
         "barred": view.barred,  # why nothing is placed on it ("": nothing bars it)
+        **node_partition(state.partitions, view),  # partition, desired, drain (docs/partitions.md)
     }

@@ -53,6 +53,16 @@ __all__ = [
     "LeaderElected",
     "TaskPreemptRequested",
     "PoolsApplied",
+    "NodePartitionSet",
+    "NodePartitionChanged",
+    "BreakGlassSet",
+    "BreakGlassEnded",
+    "PartitionsConfigSet",
+    "PartitionRef",
+    "PartitionApplyRequest",
+    "PartitionMoveRequest",
+    "BreakGlassRequest",
+    "RestoreRequest",
     "JobUpdated",
     "ReplicaAdded",
     "TaskStopRequested",
@@ -443,6 +453,65 @@ class TaskStopRequested:
     ts: float = 0.0
 
 
+# ---------------------------------------------------------------- partitions (docs/partitions.md)
+
+PARTITION = 65  # longest partition name: "parent/child", 32 each
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class NodePartitionSet:
+    """A move starts: the node's desired partition (it is cordoned until it converges).
+    `source`: the partition the leader saw it in (a node the log never named may be in
+    the one its agent label says; the fold has no heartbeats)."""
+
+    node_id: str = wf(max_len=64)
+    desired: str = wf(max_len=PARTITION)
+    reason: str = wf("", max_len=1024)
+    break_glass: bool = False
+    ts: float = 0.0
+    source: str = wf("", max_len=PARTITION)
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class NodePartitionChanged:
+    """The move converged: nothing of the old partition runs there; current := desired."""
+
+    node_id: str = wf(max_len=64)
+    partition: str = wf(max_len=PARTITION)
+    ts: float = 0.0
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class BreakGlassSet:
+    """Break-glass: `nodes` move to `to` at once; recorded with who and why."""
+
+    to: str = wf(max_len=PARTITION)
+    nodes: tuple[str, ...] = wf((), max_len=100_000)
+    reason: str = wf("", max_len=1024)
+    by: str = wf("", max_len=ID)
+    until_ts: float = wf(0.0, ge=0.0)  # 0: until restored
+    ts: float = 0.0
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class BreakGlassEnded:
+    reason: str = wf("", max_len=1024)
+    ts: float = 0.0
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class PartitionsConfigSet:
+    """`mesh partition apply FILE`: the partitions config, as the YAML text applied."""
+
+    source: str = wf("", max_len=256 * 1024)
+    ts: float = 0.0
+
+
 LogEvent = (
     JobSubmitted
     | TaskPlaced
@@ -454,6 +523,11 @@ LogEvent = (
     | JobUpdated
     | ReplicaAdded
     | TaskStopRequested
+    | NodePartitionSet
+    | NodePartitionChanged
+    | BreakGlassSet
+    | BreakGlassEnded
+    | PartitionsConfigSet
 )
 
 
@@ -582,4 +656,42 @@ class PoolApplyRequest:
 @dataclass(frozen=True, slots=True)
 class PoolRef:
     path: str = wf(max_len=512)
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRef:
+    name: str = wf(max_len=PARTITION)
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionApplyRequest:
+    source: str = wf("", max_len=256 * 1024)  # YAML text: parse_partitions_config
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionMoveRequest:
+    nodes: tuple[str, ...] = wf((), max_len=10_000)
+    to: str = wf("", max_len=PARTITION)
+    reason: str = wf("", max_len=1024)
+    by: str = wf("", max_len=ID)
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class BreakGlassRequest:
+    to: str = wf(max_len=PARTITION)
+    count: int | None = wf(None, ge=1, le=100_000)  # None: every movable node
+    ttl_s: float = wf(1800.0, ge=0.0, le=7 * 86400.0)  # 0: until restored
+    reason: str = wf("", max_len=1024)
+    by: str = wf("", max_len=ID)
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreRequest:
+    reason: str = wf("", max_len=1024)
+    by: str = wf("", max_len=ID)
     v: int = 1

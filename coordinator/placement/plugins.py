@@ -24,6 +24,7 @@ from operator import ge
 
 import numpy as np
 
+from coordinator.partitions.config import BATCH
 from coordinator.placement.snapshot import (
     GPU,
     GPU_MEMORY,
@@ -53,6 +54,7 @@ class Shape:
     simulated: bool = False
     labels: tuple[tuple[str, str], ...] = ()
     isolation: str = "none"
+    partition: str = BATCH  # the partition whose nodes may take it (docs/partitions.md)
     # Derived once, as the hash is: plugins read them per node refreshed.
     _hash: int = field(init=False, repr=False, compare=False)
     gpu: int = field(init=False, repr=False, compare=False)
@@ -62,7 +64,7 @@ class Shape:
     level: int = field(init=False, repr=False, compare=False)  # isolation's ISOLATION_LEVEL
 
     def __post_init__(self) -> None:
-        fields = (self.resources, self.simulated, self.labels, self.isolation)
+        fields = (self.resources, self.simulated, self.labels, self.isolation, self.partition)
         gpu = self.resources[GPU]
         fractional = 0 < gpu < WHOLE
         whole = gpu // WHOLE if gpu >= WHOLE else 0
@@ -182,6 +184,9 @@ class Filter:
     reasons: Callable[[Working, np.ndarray, Shape], dict[str, int]]  # over rejected nodes
     dynamic: bool
     ok_one: Callable[[NodeRow, Shape], bool] | None = None  # `ok` for one node (dynamic)
+    # Depends on what agents measure, not on what a node is: left out when judging
+    # whether a job can ever fit the region (coordinator/fitting.py).
+    measured: bool = False
 
 
 def _sim_ok(w: Working, idx: Index, shape: Shape) -> np.ndarray:
@@ -195,6 +200,33 @@ def _sim_reason(w: Working, idx: np.ndarray, shape: Shape) -> dict[str, int]:
         else "simulated node (task runs a real command)"
     )
     return {why: len(idx)}
+
+
+def _partition_ok(w: Working, idx: Index, shape: Shape) -> np.ndarray:
+    return w.snap.partition_mask(shape.partition)[idx]
+
+
+def _partition_reason(w: Working, idx: np.ndarray, shape: Shape) -> dict[str, int]:
+    out: dict[str, int] = {}
+    nodes = w.snap.nodes
+    for i in idx.tolist():
+        x = nodes[i]
+        why = (
+            "draining (moving between partitions)"
+            if x.draining and x.partition == shape.partition
+            else f"partition {x.partition}≠{shape.partition}"
+        )
+        out[why] = out.get(why, 0) + 1
+    return out
+
+
+def _busy_ok(w: Working, idx: Index, shape: Shape) -> np.ndarray:
+    limit = w.snap.busy_limit[idx]
+    return (limit == 0.0) | (w.snap.load[idx] < limit)
+
+
+def _busy_reason(w: Working, idx: np.ndarray, shape: Shape) -> dict[str, int]:
+    return {"busy: measured CPU at its oversubscribed partition's busy line": len(idx)}
 
 
 def _labels_ok(w: Working, idx: Index, shape: Shape) -> np.ndarray:
@@ -263,6 +295,8 @@ def _gpu_reason(w: Working, idx: np.ndarray, shape: Shape) -> dict[str, int]:
 
 FILTERS: tuple[Filter, ...] = (
     Filter("simulation", lambda s: True, _sim_ok, _sim_reason, False),
+    Filter("partition", lambda s: True, _partition_ok, _partition_reason, False),
+    Filter("busy", lambda s: True, _busy_ok, _busy_reason, False, measured=True),
     Filter("labels", lambda s: bool(s.labels), _labels_ok, _labels_reason, False),
     Filter("resources", lambda s: True, _fit_ok, _fit_reason, True, _fit_ok_one),
     Filter(
@@ -420,13 +454,14 @@ def pipeline(shape: Shape, profile: Profile, dynamic: bool) -> Pipeline:
     )
 
 
-def rejections(w: Working, shape: Shape) -> dict[str, int]:
+def rejections(w: Working, shape: Shape, idle: bool = False) -> dict[str, int]:
     """Per reason, how many nodes the filters turn away (each node counted once, by the
-    first filter that rejects it, in pipeline order)."""
+    first filter that rejects it, in pipeline order). `idle`: the nodes as if idle, so
+    without the filters on what agents measure."""
     counts: dict[str, int] = {}
     alive = np.arange(len(w.snap))
     for f in FILTERS:
-        if not f.applies(shape) or not len(alive):
+        if not f.applies(shape) or not len(alive) or (idle and f.measured):
             continue
         ok = f.ok(w, alive, shape)
         rejected = alive[~ok]

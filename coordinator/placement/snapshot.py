@@ -53,6 +53,9 @@ class NodeInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     gpus: tuple[GpuSlot, ...] = ()
     load: float = 0.0  # measured CPU busy fraction, 0..1
+    partition: str = ""  # its current partition ("": an undivided region, takes any job)
+    draining: bool = False  # cordoned by a partition move: takes no new work
+    busy_limit: float = 0.0  # load at or above which it takes no new work; 0: none
 
 
 def _row(r: Resources) -> tuple[int, int, int, int, int]:
@@ -66,6 +69,8 @@ _ROW_ARRAYS = (
     "inv_kinds",
     "simulated",
     "load",
+    "busy_limit",
+    "draining",
     "zone",
     "gpu_count",
     "g_valid",
@@ -95,6 +100,8 @@ class Snapshot:
         self.inv_kinds = 1.0 / np.maximum((self.cap > 0).sum(axis=1), 1)
         self.simulated = np.array([x.simulated for x in self.nodes], dtype=bool)
         self.load = np.array([min(max(x.load, 0.0), 1.0) for x in self.nodes], dtype=np.float64)
+        self.busy_limit = np.array([x.busy_limit for x in self.nodes], dtype=np.float64)
+        self.draining = np.array([x.draining for x in self.nodes], dtype=bool)
         zones = sorted({x.zone for x in self.nodes})
         self.zones = zones
         zone_of = {z: i for i, z in enumerate(zones)}
@@ -121,6 +128,7 @@ class Snapshot:
                 self.g_util[i, j] = min(max(s.utilization, 0), 100) / 100.0
                 self.g_level[i, j] = ISOLATION_LEVEL.get(s.enforcement, 0)
         self._label_masks: dict[tuple[str, str], np.ndarray] = {}
+        self._partition_masks: dict[str, np.ndarray] = {}
         self._fixed_rows: list[tuple | None] = [None] * n  # see fixed_row
         self.row_changes = Changes()
         self.mark = self.row_changes.mark()
@@ -157,13 +165,28 @@ class Snapshot:
             mask = mask.copy()
             mask[idx] = [_has_label(rows[i], key, value) for i in idx]
             new._label_masks[(key, value)] = mask
+        new._partition_masks = {}
+        for name, mask in self._partition_masks.items():
+            mask = mask.copy()
+            mask[idx] = [_takes(rows[i], name) for i in idx]
+            new._partition_masks[name] = mask
         new._fixed_rows = list(self._fixed_rows)
         for i in idx:
             new._fixed_rows[i] = None
         new.cap_total = self.cap_total - self.cap[idx].sum(axis=0) + part.cap_total
         for name in _ROW_ARRAYS:
             setattr(new, name, getattr(self, name).copy())
-        for name in ("cap", "free", "inv_cap", "inv_kinds", "simulated", "load", "gpu_count"):
+        for name in (
+            "cap",
+            "free",
+            "inv_cap",
+            "inv_kinds",
+            "simulated",
+            "load",
+            "busy_limit",
+            "draining",
+            "gpu_count",
+        ):
             getattr(new, name)[idx] = getattr(part, name)
         new.zone[idx] = [zone_of[part.zones[z]] for z in part.zone]
         w = part.gpu_width  # columns past a row's own GPU count are padding already
@@ -205,6 +228,20 @@ class Snapshot:
             mask = np.array([_has_label(x, key, value) for x in self.nodes], dtype=bool)
             self._label_masks[(key, value)] = mask
         return mask
+
+    def partition_mask(self, name: str) -> np.ndarray:
+        """Nodes that take new work of partition `name`: in it, and not draining."""
+        mask = self._partition_masks.get(name)
+        if mask is None:
+            mask = np.array([_takes(x, name) for x in self.nodes], dtype=bool)
+            self._partition_masks[name] = mask
+        return mask
+
+
+def _takes(node: NodeInfo, partition: str) -> bool:
+    """In the job's partition (or in an undivided region: "" takes every job), and not
+    cordoned by a move."""
+    return (node.partition == partition or not node.partition) and not node.draining
 
 
 def _has_label(node: NodeInfo, key: str, value: str) -> bool:

@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coordinator.partitions.config import parse_partitions_config
 from coordinator.pools import parse_pool_tree
-from mesh.cli import infer, jobs, load, output, render
+from mesh.cli import infer, jobs, load, output, partition, render
 from mesh.cli.context import Context
 from mesh.cli.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from mesh.client import MeshClient
@@ -44,6 +45,7 @@ async def client_command(args: argparse.Namespace, ctx: Context) -> int:
         )
         return EXIT_UNREACHABLE
     client = MeshClient(nc, ctx.region)
+    args.acting_user = ctx.user  # who a partition move or break-glass is recorded as
     try:
         if args.cmd == "infer":
             return await _infer(args, client, ctx.url, options.get("tls"))
@@ -89,6 +91,8 @@ async def _dispatch(args: argparse.Namespace, client: MeshClient) -> int:
         return await _job(args, client)
     if args.cmd == "pool":
         return await _pool(args, client)
+    if args.cmd == "partition":
+        return await partition.run(args, client, getattr(args, "texts", []))
     if args.cmd == "model":
         if args.model_cmd == "deploy":
             job_id = await infer.deploy(client, args.model_spec, client_id=args.client_id)
@@ -155,6 +159,7 @@ def read_inputs(args: argparse.Namespace) -> bool:
         ("job", "run"): parse_job_spec,
         ("job", "update"): parse_job_spec,
         ("pool", "apply"): parse_pool_tree,
+        ("partition", "apply"): parse_partitions_config,
     }.get(kind)
     if check is None:
         return True

@@ -11,7 +11,17 @@ import asyncio
 import sys
 
 from mesh import logs, subjects
-from mesh.cli import certs, commands, completion, contexts, infer, load, output, servers
+from mesh.cli import (
+    certs,
+    commands,
+    completion,
+    contexts,
+    infer,
+    load,
+    output,
+    partition,
+    servers,
+)
 from mesh.cli import install as agent_install
 from mesh.cli.context import LOCAL, ContextError, ContextStore, load_context, read_store
 from mesh.cli.exitcodes import EXIT_OK, EXIT_USAGE
@@ -95,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_OK
         if not commands.read_inputs(args):  # before connecting, as for load above
             return EXIT_USAGE
+        if args.cmd == "partition":
+            problem = partition.check(args)
+            if problem is not None:
+                print(f"mesh partition: {problem}", file=sys.stderr)
+                return EXIT_USAGE
         if args.cmd in ("model", "infer"):
             problem = infer.check_args(args)
             if problem is not None:

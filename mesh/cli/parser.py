@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-from mesh.cli import certs, completion, contexts, infer, load
+from mesh.cli import certs, completion, contexts, infer, load, partition
 from mesh.cli import install as agent_install
 
 OUTPUTS = ("table", "json", "yaml", "wide")
@@ -284,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     cl = sub.add_parser("cluster", help="region").add_subparsers(dest="cluster_cmd", required=True)
     cl.add_parser("info", help="leader, term, node and job counts")
 
+    partition.add_parser(sub)
     load.add_parser(sub)
     certs.add_parser(sub)
     agent_install.add_parsers(ag)  # `mesh agent install|uninstall`

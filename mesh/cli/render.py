@@ -150,6 +150,20 @@ def waiting_reason(job: dict) -> str:
     return f"job is {job['state']}"
 
 
+def preemptions(job: dict) -> list[str]:
+    """Per task, its last preemption and why (a pool reclaiming, a partition move:
+    `preempted: node X moves from batch to stateless: REASON`)."""
+    lines = []
+    for t in job["task_list"]:
+        last = [h for h in t.get("history") or [] if h["state"] == "PREEMPTED"]
+        if last:
+            h = last[-1]
+            lines.append(
+                f"preempted {t['task_id']} attempt {h['attempt']} {ago(h['ts'])}: {h['message']}"
+            )
+    return lines
+
+
 def job_detail(job: dict, *, wide: bool = False, width: int | None = None) -> str:
     lines = [
         f"job      {job['job_id']}  ({job['name']})",
@@ -165,6 +179,7 @@ def job_detail(job: dict, *, wide: bool = False, width: int | None = None) -> st
         lines.append(f"killed   {job['kill_reason']}")
     if job.get("pending_reason"):
         lines.append(f"pending  {job['pending_reason']}")
+    lines += preemptions(job)
     rows = []
     for t in job["task_list"]:
         row = [

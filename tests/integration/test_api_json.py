@@ -115,6 +115,21 @@ async def test_every_endpoint_answers_json(region):
     # job.update is for services: a batch job's is refused, in JSON
     upd = await call("job.update", {"job_id": job_id, "spec": spec})
     assert upd["ok"] is False and upd["error"]["code"] == "CONFLICT", upd
+    # partitions (docs/partitions.md)
+    conf = await call("partition.apply", {"source": "partitions: {stateless: {}, batch: {}}\n"})
+    assert conf == {"ok": True, "partitions": ["stateless", "batch"]}
+    listed = await call("partition.list", {})
+    assert {p["name"]: p["nodes"] for p in listed["partitions"]} == {"stateless": 0, "batch": 2}
+    got = await call("partition.get", {"name": "batch"})
+    assert {n["node_id"] for n in got["partition"]["node_list"]} == {"hollow-0000", "hollow-0001"}
+    move = {"nodes": ["hollow-0001"], "to": "stateless", "reason": "json", "by": "t"}
+    moved = await call("partition.move", move)
+    assert moved["ok"] and moved["moves"][0]["to"] == "stateless", moved
+    glass = {"to": "stateless", "count": 1, "ttl_s": 60, "reason": "drill", "by": "t"}
+    broke = await call("partition.break_glass", glass)
+    assert broke["ok"] and broke["break_glass"]["by"] == "t", broke
+    restored = await call("partition.restore", {"reason": "done", "by": "t"})
+    assert restored["ok"], restored
 
     # errors come back as JSON too, with the documented shape
     missing = await call("job.get", {"job_id": "nope"})

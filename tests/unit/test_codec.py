@@ -20,6 +20,9 @@ from mesh.schema import (
     MAX_REQUEST,
     Assignment,
     AssignmentBatch,
+    BreakGlassEnded,
+    BreakGlassRequest,
+    BreakGlassSet,
     ErrorCode,
     GpuProcessInfo,
     GpuStatus,
@@ -33,12 +36,19 @@ from mesh.schema import (
     LeaderElected,
     LogEntry,
     LogsRequest,
+    NodePartitionChanged,
+    NodePartitionSet,
     NodeRef,
     NodeState,
+    PartitionApplyRequest,
+    PartitionMoveRequest,
+    PartitionRef,
+    PartitionsConfigSet,
     PoolApplyRequest,
     PoolRef,
     PoolsApplied,
     ReplicaAdded,
+    RestoreRequest,
     SubmitRequest,
     TaskEvent,
     TaskEventBatch,
@@ -278,6 +288,29 @@ task_stop_requested = st.builds(
     reason=text(100),
     ts=floats(),
 )
+node_partition_set = st.builds(
+    NodePartitionSet,
+    node_id=text(64),
+    desired=text(65),
+    reason=text(100),
+    break_glass=st.booleans(),
+    ts=floats(),
+    source=text(65),
+)
+node_partition_changed = st.builds(
+    NodePartitionChanged, node_id=text(64), partition=text(65), ts=floats()
+)
+break_glass_set = st.builds(
+    BreakGlassSet,
+    to=text(65),
+    nodes=st.lists(text(64), max_size=4).map(tuple),
+    reason=text(100),
+    by=text(128),
+    until_ts=floats(0.0, 1e12),
+    ts=floats(),
+)
+break_glass_ended = st.builds(BreakGlassEnded, reason=text(100), ts=floats())
+partitions_config_set = st.builds(PartitionsConfigSet, source=text(200), ts=floats())
 log_event = st.one_of(
     job_updated,
     replica_added,
@@ -289,6 +322,11 @@ log_event = st.one_of(
     leader_elected,
     task_preempt_requested,
     pools_applied,
+    node_partition_set,
+    node_partition_changed,
+    break_glass_set,
+    break_glass_ended,
+    partitions_config_set,
 )
 log_entry = st.builds(
     LogEntry,
@@ -346,6 +384,29 @@ STRATEGIES = {
     UpdateRequest: st.builds(UpdateRequest, job_id=text(128), spec=free_form),
     PoolApplyRequest: st.builds(PoolApplyRequest, source=free_form),
     PoolRef: st.builds(PoolRef, path=text(512)),
+    NodePartitionSet: node_partition_set,
+    NodePartitionChanged: node_partition_changed,
+    BreakGlassSet: break_glass_set,
+    BreakGlassEnded: break_glass_ended,
+    PartitionsConfigSet: partitions_config_set,
+    PartitionRef: st.builds(PartitionRef, name=text(65)),
+    PartitionApplyRequest: st.builds(PartitionApplyRequest, source=text(200)),
+    PartitionMoveRequest: st.builds(
+        PartitionMoveRequest,
+        nodes=st.lists(text(64), max_size=4).map(tuple),
+        to=text(65),
+        reason=text(100),
+        by=text(128),
+    ),
+    BreakGlassRequest: st.builds(
+        BreakGlassRequest,
+        to=text(65),
+        count=st.none() | ints(1, 100_000),
+        ttl_s=floats(0.0, 7 * 86400.0),
+        reason=text(100),
+        by=text(128),
+    ),
+    RestoreRequest: st.builds(RestoreRequest, reason=text(100), by=text(128)),
     LogEntry: log_entry,
     SubmitRequest: submit_request,
     JobRef: job_ref,
@@ -964,6 +1025,11 @@ TAGS = [
     "LeaderElected",
     "TaskPreemptRequested",
     "PoolsApplied",
+    "NodePartitionSet",
+    "NodePartitionChanged",
+    "BreakGlassSet",
+    "BreakGlassEnded",
+    "PartitionsConfigSet",
 ]
 STRING_VALUES = TAGS + [s.value for s in TaskState] + ["run", "kill", "mig", "none", "stdout"]
 

@@ -1,0 +1,67 @@
+"""The leader's partition loop: every controller interval, end a break-glass whose TTL
+ran out, else ask the controller for moves and log them. The I/O shell around the pure
+parts (`moves.py`, the controller's `decide`); the drain itself runs in every
+reconcile round (`drain.py`).
+
+`decide` is passed in (`Decide`: config, node facts, clock -> moves and a line saying
+why), so this module works without the controller; the leader passes None until
+pcontroller's `decide` is wired (an adapter keeping its hotness windows and
+`ControllerState`). While a break-glass is in force the controller is not asked: the
+operator's word stands until restore or the TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from coordinator.joblog import Fenced, Unavailable
+from coordinator.partitions.config import PartitionsConfig
+from coordinator.partitions.interim import Move, NodeFacts
+from coordinator.partitions.moves import move_events, node_facts, restore_events
+
+if TYPE_CHECKING:
+    from coordinator.leader import Leader
+
+log = logging.getLogger("mesh.partitions")
+
+Decide = Callable[[PartitionsConfig, Sequence[NodeFacts], float], tuple[Sequence[Move], str]]
+
+
+class PartitionLoop:
+    def __init__(self, leader: Leader, decide: Decide | None = None) -> None:
+        self.leader = leader
+        self.decide = decide
+        self.last_why = ""
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.leader.state.partitions.config.interval_s)
+            try:
+                await self.step(time.time())
+            except (Fenced, Unavailable) as exc:
+                log.warning("partition loop: %s", exc)
+            except Exception:
+                log.exception("partition loop round failed")
+
+    async def step(self, now: float) -> None:
+        state, cluster = self.leader.state, self.leader.coord.cluster
+        m = state.partitions
+        events = []
+        if m.glass is not None:
+            if m.glass.until_ts and now >= m.glass.until_ts:
+                events = restore_events(state, "its TTL ran out", now)
+                log.info("break-glass to %s ended: its TTL ran out", m.glass.to)
+        elif self.decide is not None:
+            moves, self.last_why = self.decide(m.config, node_facts(state, cluster), now)
+            events, refused = move_events(state, cluster, moves, now)
+            if events:
+                log.info("partition controller: %s", self.last_why)
+            for node_id, why in refused.items():
+                log.warning("partition controller's move of %s left out: %s", node_id, why)
+        if events:
+            await self.leader.writer.append(events)
+            self.leader.wake()
