@@ -757,8 +757,25 @@ API_TARGETS: dict[str, type | None] = {
     "pool.apply": PoolApplyRequest,
     "pool.list": None,
     "pool.get": PoolRef,
+    "job.update": UpdateRequest,
+    "partition.list": None,
+    "partition.get": PartitionRef,
+    "partition.apply": PartitionApplyRequest,
+    "partition.move": PartitionMoveRequest,
+    "partition.break_glass": BreakGlassRequest,
+    "partition.restore": RestoreRequest,
 }
-WRITE_ENDPOINTS = ("job.submit", "job.submit_many", "job.kill", "pool.apply")
+WRITE_ENDPOINTS = (
+    "job.submit",
+    "job.submit_many",
+    "job.kill",
+    "job.update",
+    "pool.apply",
+    "partition.apply",
+    "partition.move",
+    "partition.break_glass",
+    "partition.restore",
+)
 BAD_CODES = ("INTERNAL", "NOT_LEADER", "UNAVAILABLE")
 
 
