@@ -14,8 +14,9 @@ The rules (README.md beside this file has them with their anchors):
   between, nothing moves. After each move the dwell starts again: borrowing repeats every
   ``borrow_after_s`` at most, returning every ``return_after_s`` (borrow fast, return slowly).
 - It moves only as many nodes as bring the hot fraction to the middle of the dead band
-  (borrowing counts the nodes already on their way), and never more than the rate limits
-  allow: ``nodes_per_move`` per decision, ``moves_per_hour`` over the last hour,
+  (borrowing counts the nodes already on their way; returning also keeps the partition's
+  p90, spread over the nodes left, at or below the busy line), and never more than the
+  rate limits allow: ``nodes_per_move`` per decision, ``moves_per_hour`` over the last hour,
   ``max_draining`` and ``max_draining_per_zone`` counting nodes already in flight.
 - A node is never moved while a move of it is in flight, within ``cooldown_s`` of its
   last move, while it runs non-preemptible work, or while its hotness is unknown; a
@@ -331,8 +332,11 @@ def _return(
     borrowed = [n for n in nodes if n.partition == STATELESS and n.home not in ("", STATELESS)]
     if not borrowed:
         return (), f"{head}; nothing borrowed to return"
-    # Giving back m nodes leaves hot / (known - m): keep it at or below the target.
+    # Giving back m nodes leaves hot / (known - m): keep it at or below the target. And
+    # if the load spreads over the nodes left, their p90 grows by known / (known - m):
+    # keep that at or below the busy line too, or the return would make it hot again.
     excess = math.floor(ph.known - ph.hot / _target_fraction(cfg) + 1e-9)
+    excess = min(excess, math.floor(ph.known * (1.0 - ph.p90 / cfg.busy_line) + 1e-9))
     if excess <= 0:
         return (), f"{head}; returning any would make it hot again"
     limits = _Limits(cfg, nodes, recent)
