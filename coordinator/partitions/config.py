@@ -3,25 +3,26 @@
 Defaults are anchored on what others run (README.md beside this file names each anchor),
 and every field is checked here, once, so the controller never sees a dead band turned
 inside out (cold above hot) or a rate limit of zero. Errors are
-:class:`workloads.quantity.SpecError` naming the field as written in the YAML, because
+:class:`workloads.quantity.SpecError` naming the field, because
 `mesh partition apply FILE` shows them verbatim to the person who wrote the file.
 
-YAML (every key optional; durations as in job specs: ``10s``, ``5m``, ``1h30m`` or seconds)::
+YAML keys are the field names of :class:`PartitionsConfig`, every one optional; durations
+(the ``_s`` fields) are seconds or written as in job specs: ``10s``, ``5m``, ``1h30m``::
 
     partitions:                 # name -> settings; stateless and batch must both be there
       stateless: {min_nodes: 2}
       batch: {oversubscribe: 1.5}
       batch/critical: {protected: true}   # virtual: parent/child, never lent
     default_partition: batch
-    interval: 10s
-    window: 5m
-    stale_after: 30s
+    interval_s: 10s
+    window_s: 5m
+    stale_after_s: 30s
     busy_line: 0.7
     hot_fraction: 0.6
     cold_fraction: 0.4
-    borrow_after: 20s
-    return_after: 10m
-    cooldown: 5m
+    borrow_after_s: 20s
+    return_after_s: 10m
+    cooldown_s: 5m
     nodes_per_move: 10
     moves_per_hour: 120
     max_draining: 20
@@ -86,15 +87,15 @@ class PartitionSpec:
         return self.name.split("/", 1)[0] if "/" in self.name else ""
 
 
-# YAML key -> dataclass field, for the fields whose YAML name says the unit instead.
-_DURATIONS = {
-    "interval": "interval_s",
-    "window": "window_s",
-    "stale_after": "stale_after_s",
-    "borrow_after": "borrow_after_s",
-    "return_after": "return_after_s",
-    "cooldown": "cooldown_s",
-}
+# Durations: seconds as numbers, or as job specs write them ("10s", "5m", "1h30m").
+_DURATIONS = (
+    "interval_s",
+    "window_s",
+    "stale_after_s",
+    "borrow_after_s",
+    "return_after_s",
+    "cooldown_s",
+)
 _FRACTIONS = ("busy_line", "hot_fraction", "cold_fraction")
 _COUNTS = ("nodes_per_move", "moves_per_hour", "max_draining", "max_draining_per_zone")
 _TOP_FIELDS = ("partitions", "default_partition", *_DURATIONS, *_FRACTIONS, *_COUNTS, "forecast")
@@ -147,7 +148,7 @@ class PartitionsConfig:
 
 
 def _check(cfg: PartitionsConfig) -> None:
-    """Every rule a config must keep; errors name the YAML key."""
+    """Every rule a config must keep; errors name the field (YAML keys are the field names)."""
     if not isinstance(cfg.partitions, tuple) or not cfg.partitions:
         raise SpecError("partitions", "expected a non-empty tuple of PartitionSpec")
     if len(cfg.partitions) > MAX_PARTITIONS:
@@ -166,10 +167,9 @@ def _check(cfg: PartitionsConfig) -> None:
             "default_partition",
             f"names no configured partition, got {_show(cfg.default_partition)}",
         )
-    for key, name in _DURATIONS.items():
-        value = getattr(cfg, name)
+    for name in _DURATIONS:
         positive = name in ("interval_s", "window_s", "stale_after_s")
-        _check_number(value, key, 0.0, MAX_DURATION_S, low_open=positive)
+        _check_number(getattr(cfg, name), name, 0.0, MAX_DURATION_S, low_open=positive)
     for name in _FRACTIONS:
         _check_number(getattr(cfg, name), name, 0.0, 1.0, low_open=True)
     if not cfg.cold_fraction < cfg.hot_fraction:
@@ -262,7 +262,7 @@ def parse_partitions_config(text: str | bytes | Mapping[str, Any]) -> Partitions
         if key == "partitions":
             kwargs["partitions"] = _partitions(value)
         elif key in _DURATIONS:
-            kwargs[_DURATIONS[key]] = parse_duration(value, key)
+            kwargs[key] = parse_duration(value, key)
         elif key == "default_partition" and not isinstance(value, str):
             raise SpecError(key, f"expected a partition name, got {_show(value)}")
         else:

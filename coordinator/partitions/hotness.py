@@ -48,6 +48,11 @@ MAX_SAMPLES = 1024
 """Samples kept per node however fast it reports (a 1 s heartbeat fills 300 in 5 min)."""
 
 
+# Sample and busy_score are pinputs' (coordinator/partitions/sample.py, the interface's
+# "Changes"): defined here to the same fields and rule until that file merges, then this
+# block becomes `from coordinator.partitions.sample import Sample, busy_score`.
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One heartbeat's load figures, all 0..1 fractions unless said."""
@@ -199,7 +204,10 @@ class NodeWindows:
             w = self._nodes[node_id] = _Window(ts)
         elif w.times and ts < w.times[-1]:
             return
-        w.push(ts, busy_score(s))
+        b = busy_score(s)
+        if b != b:  # NaN: a broken report says nothing, and would poison the sorted window
+            return
+        w.push(ts, b)
         w.trim(ts - self.window_s, self.window_s)
         if len(w.times) > self.max_samples:
             while len(w.times) > self.max_samples:

@@ -39,12 +39,12 @@ partitions:
   batch: {oversubscribe: 2}
   batch/spot:
 default_partition: batch
-interval: 5s
-window: 2m30s
-stale_after: 15
-borrow_after: 0s
-return_after: 10m
-cooldown: 1h
+interval_s: 5s
+window_s: 2m30s
+stale_after_s: 15
+borrow_after_s: 0s
+return_after_s: 10m
+cooldown_s: 1h
 busy_line: 0.8
 hot_fraction: 1
 cold_fraction: 0.25
@@ -70,7 +70,7 @@ forecast: false
 
 
 def test_bytes_and_mappings_are_read_too():
-    assert parse_partitions_config(b"cooldown: 2m").cooldown_s == 120.0
+    assert parse_partitions_config(b"cooldown_s: 2m").cooldown_s == 120.0
     assert parse_partitions_config({"nodes_per_move": 4}).nodes_per_move == 4
 
 
@@ -85,10 +85,10 @@ BAD = [
     ("busy_line: .nan", "busy_line", "(0, 1]"),
     ("busy_line: high", "busy_line", "expected a number"),
     ("busy_line: true", "busy_line", "expected a number"),
-    ("interval: 0", "interval", "(0,"),
-    ("window: -5s", "window", "negative"),
-    ("cooldown: soon", "cooldown", "duration"),
-    ("return_after: 30d", "return_after", "604800"),
+    ("interval_s: 0", "interval_s", "(0,"),
+    ("window_s: -5s", "window_s", "negative"),
+    ("cooldown_s: soon", "cooldown_s", "duration"),
+    ("return_after_s: 30d", "return_after_s", "604800"),
     ("nodes_per_move: 0", "nodes_per_move", "between 1"),
     ("moves_per_hour: 2.5", "moves_per_hour", "whole number"),
     ("max_draining: -1", "max_draining", "between 1"),
@@ -147,7 +147,7 @@ def test_bad_fields_are_named(doc, field, words):
     ("doc", "words"),
     [
         ("a: [", "invalid YAML: line"),
-        ("cooldown: 1m\ncooldown: 2m", "duplicate key"),
+        ("cooldown_s: 1m\ncooldown_s: 2m", "duplicate key"),
         ("- 1", "expected a mapping"),
         ("x" * (70 << 10), "over"),
     ],
@@ -178,4 +178,4 @@ def test_a_config_built_in_code_is_checked_as_well():
     assert "parent 'batch' must be declared before it" in err.value.problem
     with pytest.raises(SpecError) as err:
         PartitionsConfig(cooldown_s=-1.0)
-    assert err.value.field == "cooldown"  # errors name the YAML key, not the attribute
+    assert err.value.field == "cooldown_s"

@@ -40,7 +40,6 @@ def test_busy_score_is_the_worst_signal_clipped():
     assert busy_score(sample(0, 0.1, mem_pressure=0.6)) == 0.6
     assert busy_score(sample(0, 0.1, gpu_util=0.95)) == 0.95
     assert busy_score(sample(0, -0.5)) == 0.0
-    assert busy_score(sample(0, math.nan, load=0.2)) == 0.2  # a NaN says nothing
     assert busy_score(Sample(0, 0.2, 0.1, 0.1, None, None, None)) == 0.2
 
 
@@ -115,6 +114,8 @@ def test_out_of_order_and_non_finite_samples_are_dropped():
     assert w.samples("a") == 1
     w.add("a", sample(10.0, 0.6))  # same instant: kept
     assert w.samples("a") == 2
+    w.add("a", sample(11.0, math.nan, load=0.2))  # a NaN signal never reaches the window
+    assert not math.isnan(w.node("a", 11.0, CFG).p90)
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)
