@@ -179,3 +179,13 @@ def test_a_config_built_in_code_is_checked_as_well():
     with pytest.raises(SpecError) as err:
         PartitionsConfig(cooldown_s=-1.0)
     assert err.value.field == "cooldown_s"
+
+
+def test_the_readme_yaml_parses():
+    from pathlib import Path
+
+    readme = Path(__file__).parents[2] / "coordinator" / "partitions" / "README.md"
+    text = readme.read_text()
+    block = text[text.index("```yaml\n") + 8 :]
+    cfg = parse_partitions_config(block[: block.index("```")])
+    assert cfg.spec("batch/critical").protected and cfg.return_after_s == 600.0
