@@ -27,7 +27,10 @@ The rules (README.md beside this file has them with their anchors):
 
 from __future__ import annotations
 
+import copy
+import heapq
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -126,21 +129,24 @@ class _Limits:
         recent: tuple[tuple[str, float], ...],
     ) -> None:
         self.cfg = cfg
-        self.desired: dict[str, int] = {}
-        self.in_flight = 0
+        self.desired: dict[str, int] = Counter([n.desired for n in nodes])
+        flying = [n for n in nodes if n.desired != n.partition or n.draining]
+        self.in_flight = len(flying)
         self.in_flight_into: dict[str, int] = {}
         self.zone_draining: dict[str, int] = {}
-        for n in nodes:
-            self.desired[n.desired] = self.desired.get(n.desired, 0) + 1
-            if n.desired != n.partition or n.draining:
-                self.in_flight += 1
-                self.zone_draining[n.zone] = self.zone_draining.get(n.zone, 0) + 1
-                if n.desired != n.partition:
-                    self.in_flight_into[n.desired] = self.in_flight_into.get(n.desired, 0) + 1
+        for n in flying:
+            self.zone_draining[n.zone] = self.zone_draining.get(n.zone, 0) + 1
+            if n.desired != n.partition:
+                self.in_flight_into[n.desired] = self.in_flight_into.get(n.desired, 0) + 1
         self.minimum = {p.name: p.min_nodes for p in cfg.partitions}
         self.hour_left = cfg.moves_per_hour - len(recent)
         self.drain_left = cfg.max_draining - self.in_flight
         self.room = min(cfg.nodes_per_move, self.hour_left, self.drain_left)
+
+    def copy(self) -> _Limits:
+        other = copy.copy(self)
+        other.desired, other.zone_draining = dict(self.desired), dict(self.zone_draining)
+        return other
 
     def why_no_room(self) -> str:
         cfg = self.cfg
@@ -292,12 +298,53 @@ def _borrow(
     want = min(need - coming, limits.room)
 
     lenders = set(cfg.lenders())
-    last = _last_moves(recent)
+    cd = cfg.cooldown_s
+    cooling = {node_id for node_id, t in recent if now - t < cd}
+    # _movable's rules, inlined: this runs over every lender node of a large region.
+    candidates = [
+        n
+        for n in nodes
+        if n.partition in lenders
+        and n.desired == n.partition
+        and not n.draining
+        and not n.non_preemptible
+        and n.p90 is not None
+        and (n.last_moved <= 0 or now - n.last_moved >= cd)
+        and n.node_id not in cooling
+    ]
+    # The few first in disruption order are nearly always enough; all of them, sorted,
+    # only when minimums or zone limits passed over too many.
+    few = 4 * want + 16
+    ordered = (
+        heapq.nsmallest(few, candidates, key=_disruption)
+        if few < len(candidates)
+        else sorted(candidates, key=_disruption)
+    )
+    moves, skips = _lend(ordered, want, limits.copy(), head)
+    if len(moves) < want and len(ordered) < len(candidates):
+        moves, skips = _lend(sorted(candidates, key=_disruption), want, limits, head)
+    if len(moves) < want:  # say what stood in the way (counted only when something did)
+        last = _last_moves(recent)
+        for n in nodes:
+            if n.partition in lenders:
+                _movable(n, now, cfg, last, skips)
+    if not moves:
+        return (), f"{head}; no node can be lent (passed over: {skips})"
+    more = f"; passed over: {skips}" if skips.counts else ""
+    return tuple(moves), f"{head}; borrow {len(moves)} of {need - coming} needed{more}"
+
+
+def _disruption(n: NodeFacts) -> tuple:
+    """Peloton's batch host order: empty nodes first, then fewest tasks, lowest priority."""
+    return (n.tasks != 0, n.tasks, n.priority_sum, n.node_id)
+
+
+def _lend(
+    ordered: list[NodeFacts], want: int, limits: _Limits, head: str
+) -> tuple[list[Move], _Skips]:
+    moves: list[Move] = []
     skips = _Skips()
-    candidates = [n for n in nodes if n.partition in lenders and _movable(n, now, cfg, last, skips)]
-    candidates.sort(key=lambda n: (n.tasks != 0, n.tasks, n.priority_sum, n.node_id))
-    moves = []
-    for n in candidates:
+    for n in ordered:
         if len(moves) == want:
             break
         if not limits.above_minimum(n.partition):
@@ -309,10 +356,7 @@ def _borrow(
         limits.take(n, STATELESS)
         reason = f"{head}; borrow from {n.partition} ({_detail(n)})"
         moves.append(Move(n.node_id, n.partition, STATELESS, reason))
-    if not moves:
-        return (), f"{head}; no node can be lent (passed over: {skips})"
-    more = f"; passed over: {skips}" if skips.counts else ""
-    return tuple(moves), f"{head}; borrow {len(moves)} of {need - coming} needed{more}"
+    return moves, skips
 
 
 def _home(cfg: PartitionsConfig, n: NodeFacts) -> str:
@@ -429,7 +473,7 @@ def break_glass(
             and not n.draining
             and not n.non_preemptible
         ),
-        key=lambda n: (n.tasks != 0, n.tasks, n.priority_sum, n.node_id),
+        key=_disruption,
     )
     moves = []
     for n in candidates:
