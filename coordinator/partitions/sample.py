@@ -30,15 +30,26 @@ class Sample:
     gpu_util: float | None = None  # mean GPU utilization / 100, None without GPUs
 
 
+def _unit(x: float | None) -> float:
+    """A signal clipped to 0..1; a missing or NaN one counts as 0 (it says nothing)."""
+    if x is None or not x > 0.0:  # (NaN fails every comparison)
+        return 0.0
+    return 1.0 if x > 1.0 else float(x)
+
+
 def busy_score(s: Sample) -> float:
-    """How busy the node is, 0..1: the largest of its signals, each clipped to 0..1
-    (a run queue of twice the cores is as busy as one of the cores: fully). The max,
-    not a mean: a node whose memory stalls is hot however idle its CPUs are."""
-    score = max(s.cpu_busy, min(s.load_per_core, 1.0), s.mem_used)
-    for x in (s.cpu_pressure, s.mem_pressure, s.gpu_util):
-        if x is not None and x > score:
-            score = x
-    return min(max(score, 0.0), 1.0)
+    """How busy a node is, 0..1: the max of its signals, each clipped to 0..1.
+
+    The max, not a mean, because any one resource running out is enough to hurt the
+    services on the node: a node at 20 % CPU but 40 % memory stall time is not idle."""
+    return max(
+        _unit(s.cpu_busy),
+        _unit(s.load_per_core),
+        _unit(s.mem_used),
+        _unit(s.cpu_pressure),
+        _unit(s.mem_pressure),
+        _unit(s.gpu_util),
+    )
 
 
 def _fraction(x: float) -> float:
