@@ -14,6 +14,7 @@ from coordinator.api import Api
 from coordinator.cluster import ClusterView
 from coordinator.joblog import LogFollower
 from coordinator.leader import Leader
+from coordinator.partitions.controlling import Controlling
 from coordinator.scheduling import PlacementConfig
 from coordinator.state import RegionState
 from mesh import subjects
@@ -74,6 +75,7 @@ class Coordinator:
         self.cluster = ClusterView(
             self.region, config.suspect_after, config.down_after, signer=self.signer
         )
+        self.controlling = Controlling()  # partition hotness, fed by every candidate
         self._said_barred: dict[str, str] = {}  # node -> the bar last logged for it
         self._said_unverified = False
         self.leader: Leader | None = None
@@ -226,6 +228,9 @@ class Coordinator:
         ):
             self.bad_states += 1  # a node may only speak for itself
             return
+        partitions = self.state.partitions
+        if partitions.divided:  # hotness matters only to a region split into partitions
+            self.controlling.observe(st, time.time(), partitions.config.window_s)
         if self.cluster.observe(st, time.monotonic()):
             self._say_bar(st)
             if self.leader is not None:

@@ -4,10 +4,10 @@ parts (`moves.py`, the controller's `decide`); the drain itself runs in every
 reconcile round (`drain.py`).
 
 `decide` is passed in (`Decide`: config, node facts, clock -> moves and a line saying
-why), so this module works without the controller; the leader passes None until
-pcontroller's `decide` is wired (an adapter keeping its hotness windows and
-`ControllerState`). While a break-glass is in force the controller is not asked: the
-operator's word stands until restore or the TTL.
+why): the leader passes its coordinator's `Controlling` (hotness windows and the
+controller's memory around the pure `controller.decide`). The controller is asked only
+in a region split into partitions (`Membership.divided`), and not while a break-glass
+is in force: the operator's word stands until restore or the TTL.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from coordinator.joblog import Fenced, Unavailable
 from coordinator.partitions.config import PartitionsConfig
-from coordinator.partitions.interim import Move, NodeFacts
+from coordinator.partitions.controller import Move, NodeFacts
 from coordinator.partitions.moves import move_events, node_facts, restore_events
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class PartitionLoop:
             if m.glass.until_ts and now >= m.glass.until_ts:
                 events = restore_events(state, "its TTL ran out", now)
                 log.info("break-glass to %s ended: its TTL ran out", m.glass.to)
-        elif self.decide is not None:
+        elif self.decide is not None and m.divided:
             moves, self.last_why = self.decide(m.config, node_facts(state, cluster), now)
             events, refused = move_events(state, cluster, moves, now)
             if events:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from coordinator.cluster import DOWN, ClusterView
-from coordinator.partitions.interim import Move, NodeFacts, break_glass
+from coordinator.partitions.controller import Move, NodeFacts, break_glass
 from coordinator.partitions.membership import job_kind
 from coordinator.state import RegionState
 from mesh.schema import BreakGlassEnded, BreakGlassSet, LogEvent, NodePartitionSet

@@ -1,0 +1,60 @@
+"""What the leader's partition loop asks each interval: the hotness windows fed from
+heartbeats, and the controller's memory between decisions, around the pure `decide`.
+
+Every candidate feeds the windows (`observe`, from its heartbeat subscription), so a
+new leader decides on the same minutes of load its predecessor saw. Nothing here
+reads a clock or does I/O: time is passed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from coordinator.partitions.config import PartitionsConfig
+from coordinator.partitions.controller import ControllerState, Move, NodeFacts, decide
+from coordinator.partitions.hotness import (
+    UNKNOWN,
+    NodeHotness,
+    NodeWindows,
+    PartitionHotness,
+    partition_hotness,
+)
+from coordinator.partitions.sample import sample_from_state
+from mesh.schema import NodeState
+
+
+class Controlling:
+    def __init__(self) -> None:
+        self.windows = NodeWindows()
+        self.state = ControllerState()
+        self.hotness: dict[str, PartitionHotness] = {}  # as of the last decision, for views
+
+    def observe(self, state: NodeState, now: float, window_s: float) -> None:
+        self.windows.window_s = window_s
+        self.windows.add(state.node_id, sample_from_state(state, now))
+
+    def forget(self, node_id: str) -> None:
+        self.windows.forget(node_id)
+
+    def __call__(
+        self, cfg: PartitionsConfig, facts: Sequence[NodeFacts], now: float
+    ) -> tuple[Sequence[Move], str]:
+        """`PartitionLoop`'s `Decide`: each node's window read once, its p90 put in its
+        facts, every configured partition summed (an empty one is cold), then `decide`."""
+        per_node = {n.node_id: self.windows.node(n.node_id, now, cfg) for n in facts}
+        by_partition: dict[str, list[NodeHotness]] = {p.name: [] for p in cfg.partitions}
+        for n in facts:
+            by_partition.setdefault(n.partition, []).append(per_node[n.node_id])
+        self.hotness = {
+            name: partition_hotness(cfg, name, nodes) for name, nodes in by_partition.items()
+        }
+        filled = [
+            dataclasses.replace(
+                n, p90=None if per_node[n.node_id].state == UNKNOWN else per_node[n.node_id].p90
+            )
+            for n in facts
+        ]
+        decision = decide(cfg, filled, self.hotness, self.state, now)
+        self.state = decision.state
+        return decision.moves, decision.why
