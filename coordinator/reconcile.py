@@ -14,7 +14,7 @@ from coordinator.changes import Mark
 from coordinator.cluster import DOWN, HEARD, ClusterView, NodeView
 from coordinator.fitting import region_fit
 from coordinator.parking import gang_due, park, park_never, park_unfit, parked
-from coordinator.partitions.drain import drain_moves
+from coordinator.partitions.drain import drain_moves, vacating
 from coordinator.placement import GangRequest, Placement, Snapshot
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
 from coordinator.scheduling import (
@@ -58,8 +58,9 @@ def reconcile(
     config: PlacementConfig = DEFAULT_PLACEMENT,
     draining: frozenset[str] = frozenset(),
 ) -> Decisions:
-    """`draining`: nodes to vacate (a partition move's drain): nothing new is placed on
-    them, and service replicas on them are replaced elsewhere first (surge)."""
+    """`draining`: nodes to vacate besides those a partition move drains (the state's
+    own, `drain.vacating`): nothing new is placed on them, and service replicas on them
+    are replaced elsewhere first (surge)."""
     d = Decisions()
     _lose_tasks_on_down_nodes(state, nodes, now, d)
     _lose_tasks_a_node_forgot(state, nodes, now, d)
@@ -71,7 +72,10 @@ def reconcile(
     _reclaim_preempted(state, d)
     _stop_replicas(state, now, d)
     if not d.events and state.services:
-        d.events.extend(keep_services(state, draining, now))
+        # A partition move's nodes are cordoned by placement itself (and still count in
+        # the pools' capacity); here only their replicas are moved off, with surge.
+        vacate = draining | vacating(state) if state.partitions.moving else draining
+        d.events.extend(keep_services(state, vacate, now))
     if not d.events:
         # Place only from a settled state: a task being requeued this round is placed next.
         _place_waiting(state, nodes, now, config, d, draining)

@@ -185,3 +185,18 @@ def test_once_divided_unlabelled_nodes_are_batch_and_services_wait_for_stateless
     d = log.decide(cluster(node("n1")))
     assert not placements(d)
     assert "partition batch≠stateless" in d.unplaced["svc"]
+
+
+def test_a_moving_nodes_service_replica_is_replaced_elsewhere_first():
+    """A partition move vacates its node's service replicas with surge: the leader gets
+    a new replica to place elsewhere before the old one is stopped (drain.vacating)."""
+    from mesh.schema import ReplicaAdded, TaskStopRequested
+
+    log = Log()
+    log.append(PartitionsConfigSet("partitions: {stateless: {}, batch: {}}\n", 0.5))
+    _service(log, "svc")
+    log.run("svc.w.0", "s1")
+    log.append(NodePartitionSet("s1", "batch", "test move", False, 3.0, "stateless"))
+    d = log.decide(cluster(node("s1", partition="stateless"), node("s2", partition="stateless")))
+    assert [type(e) for e in d.events] == [ReplicaAdded], d.events
+    assert not any(isinstance(e, TaskStopRequested) for e in d.events)  # not yet: surge first
