@@ -402,6 +402,7 @@ class HollowNode:
     gpu_wire: GpuWire | None = field(default=None, repr=False)  # shared by equal nodes
     down: bool = False  # crashed: no heartbeats, assignments wait in `backlog`
     verify_key: str = ""  # the id of the key its fleet verifies with (heartbeats say it)
+    labels: tuple[tuple[str, str], ...] = ()  # extra labels its heartbeats carry (partition=...)
     backlog: list[AssignmentMessage] | None = field(default=None, repr=False)
     wake: asyncio.TimerHandle | None = field(default=None, repr=False)
     grants: dict[tuple[str, int], Grant] | None = field(default=None, repr=False)
@@ -597,6 +598,7 @@ class HollowNode:
         labels = {"kind": "edge" if inv.edge else "datacenter"}
         if inv.gpu_model:
             labels["gpu_model"] = inv.gpu_model
+        labels.update(self.labels)
         cpu_percent, load1 = self.busy_at(ts)
         return NodeState(
             node_id=self.node_id,
@@ -661,7 +663,9 @@ class HollowFleet:
     """Many hollow nodes in one process (see the module docstring for why and how).
 
     `gpu_background` (GPU uuid -> percent) makes GPUs look busy with no mesh task on
-    them; `set_gpu_background` changes it while running. `crash` takes a node down."""
+    them; `set_gpu_background` changes it while running. `crash` takes a node down.
+    `labels` go into every node's heartbeats, as an agent's `--label`s do (e.g.
+    `{"partition": "stateless"}` starts the fleet in that partition)."""
 
     def __init__(
         self,
@@ -677,6 +681,7 @@ class HollowFleet:
         verify_key: str | os.PathLike[str] | VerifyKey | None = None,
         tls: ClientTls | None = None,
         batch_busy: float = BATCH_BUSY,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self.nats_url = nats_url
         self.tls = tls  # its certificate (fleet:PREFIX) on a secure mesh
@@ -704,6 +709,7 @@ class HollowFleet:
         for node_id, node in self.nodes.items():
             subjects.token(node_id, "node id")
             node.verify_key = verify_id
+            node.labels = tuple(sorted((labels or {}).items()))
         for uuid, percent in (gpu_background or {}).items():
             self.set_gpu_background(uuid, percent)
         self.heartbeat_s = heartbeat_s

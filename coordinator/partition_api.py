@@ -13,6 +13,7 @@ from coordinator.partitions.moves import (
     glass_events,
     manual_moves,
     move_events,
+    node_facts,
     restore_events,
 )
 from coordinator.partitions.views import glass_dict, node_partition, partition_rows
@@ -70,9 +71,20 @@ class PartitionApi:
     def state(self):
         return self.api.coord.state
 
+    def _rows(self, now: float) -> list[dict]:
+        """The partition rows, with each partition's hotness read from this candidate's
+        windows now (every candidate feeds them, so a follower answers as the leader
+        would; kept only in a divided region)."""
+        c = self.api.coord
+        m = c.state.partitions
+        hot = None
+        if m.divided:
+            _, hot = c.controlling.measure(m.config, node_facts(c.state, c.cluster), now)
+        return partition_rows(c.state, c.cluster, now, hot)
+
     async def list(self, data: bytes) -> bytes:
         c = self.api.coord
-        rows = partition_rows(c.state, c.cluster, time.time())
+        rows = self._rows(time.time())
         m = c.state.partitions
         return ok(
             partitions=rows,
@@ -83,7 +95,7 @@ class PartitionApi:
     async def get(self, data: bytes) -> bytes:
         req = self.decode(PartitionRef, data)
         c = self.api.coord
-        rows = {r["name"]: r for r in partition_rows(c.state, c.cluster, time.time())}
+        rows = {r["name"]: r for r in self._rows(time.time())}
         if req.name not in rows:
             raise ApiError(ErrorCode.NOT_FOUND, f"no partition {req.name!r}")
         row = rows[req.name]

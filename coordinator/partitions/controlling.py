@@ -37,18 +37,26 @@ class Controlling:
     def forget(self, node_id: str) -> None:
         self.windows.forget(node_id)
 
-    def __call__(
+    def measure(
         self, cfg: PartitionsConfig, facts: Sequence[NodeFacts], now: float
-    ) -> tuple[Sequence[Move], str]:
-        """`PartitionLoop`'s `Decide`: each node's window read once, its p90 put in its
-        facts, every configured partition summed (an empty one is cold), then `decide`."""
+    ) -> tuple[dict[str, NodeHotness], dict[str, PartitionHotness]]:
+        """Each node's window read once, and every configured partition summed (an empty
+        one is cold): what a decision sees, and what `mesh partition list` shows now."""
         per_node = {n.node_id: self.windows.node(n.node_id, now, cfg) for n in facts}
         by_partition: dict[str, list[NodeHotness]] = {p.name: [] for p in cfg.partitions}
         for n in facts:
             by_partition.setdefault(n.partition, []).append(per_node[n.node_id])
-        self.hotness = {
+        hotness = {
             name: partition_hotness(cfg, name, nodes) for name, nodes in by_partition.items()
         }
+        return per_node, hotness
+
+    def __call__(
+        self, cfg: PartitionsConfig, facts: Sequence[NodeFacts], now: float
+    ) -> tuple[Sequence[Move], str]:
+        """`PartitionLoop`'s `Decide`: `measure`, each node's p90 put in its facts, then
+        `decide`."""
+        per_node, self.hotness = self.measure(cfg, facts, now)
         filled = [
             dataclasses.replace(
                 n, p90=None if per_node[n.node_id].state == UNKNOWN else per_node[n.node_id].p90

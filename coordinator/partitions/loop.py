@@ -22,6 +22,7 @@ from coordinator.joblog import Fenced, Unavailable
 from coordinator.partitions.config import PartitionsConfig
 from coordinator.partitions.controller import Move, NodeFacts
 from coordinator.partitions.moves import move_events, node_facts, restore_events
+from mesh.schema import NodePartitionSet
 
 if TYPE_CHECKING:
     from coordinator.leader import Leader
@@ -65,3 +66,6 @@ class PartitionLoop:
         if events:
             await self.leader.writer.append(events)
             self.leader.wake()
+            for e in events:  # one line per move, once it is in the log
+                if isinstance(e, NodePartitionSet):
+                    log.info("node %s moves %s -> %s: %s", e.node_id, e.source, e.desired, e.reason)

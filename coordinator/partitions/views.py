@@ -3,7 +3,10 @@ Pure (time passed in)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from coordinator.cluster import DOWN, READY, ClusterView, NodeView
+from coordinator.partitions.hotness import UNKNOWN, PartitionHotness
 from coordinator.partitions.membership import Membership, allocatable
 from coordinator.state import RegionState
 from workloads.resources import Resources
@@ -39,9 +42,32 @@ def glass_dict(m: Membership) -> dict | None:
     }
 
 
-def partition_rows(state: RegionState, cluster: ClusterView, now: float) -> list[dict]:
+def hotness_dict(ph: PartitionHotness | None) -> dict | None:
+    """A partition's hotness as the controller reads it (its windows), or None when
+    none is kept (an undivided region)."""
+    if ph is None:
+        return None
+    return {
+        "state": ph.state,
+        "known": ph.known,
+        "hot": ph.hot,
+        "hot_fraction": round(ph.hot_fraction, 4),
+        "forecast_fraction": round(ph.forecast_fraction, 4),
+        "p50": round(ph.p50, 4),
+        "p90": round(ph.p90, 4),
+        "trend": round(ph.trend, 6),
+    }
+
+
+def partition_rows(
+    state: RegionState,
+    cluster: ClusterView,
+    now: float,
+    hotness: Mapping[str, PartitionHotness] | None = None,
+) -> list[dict]:
     """Per configured partition: its settings, nodes, capacity, allocatable (its
     oversubscribed cpu), allocation, measured CPU busy now (mean over its ready nodes),
+    its hotness over the window and trend (busy per second) when `hotness` has it,
     nodes draining out of it and coming in, and moves in or out in the last hour."""
     m = state.partitions
     rows = {}
@@ -90,7 +116,9 @@ def partition_rows(state: RegionState, cluster: ClusterView, now: float) -> list
         row["allocatable"] = row.pop("_alloc").to_dict()
         row["allocation"] = row.pop("_allocated").to_dict()
         row["busy"] = round(sum(busy) / len(busy), 4) if busy else None
-        row["trend"] = None  # per second; the controller's hotness windows say (pcontroller)
+        ph = (hotness or {}).get(name)
+        row["hotness"] = hotness_dict(ph)
+        row["trend"] = None if ph is None or ph.state == UNKNOWN else round(ph.trend, 6)
         row["moves_last_hour"] = sum(
             1 for mv in recent if mv.converged and name in (mv.source, mv.target)
         )

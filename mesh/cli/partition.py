@@ -72,6 +72,16 @@ def _fmt(kind: str, amounts: dict) -> str:
     return format_cpu(v) if kind == "cpu" else format_bytes(v)
 
 
+def _hot(h: dict | None) -> str:
+    """The controller's view of a partition: its state, the share of its known nodes
+    hot, and its p90 busy over the window (e.g. `hot 100% p90 0.95`)."""
+    if not h:
+        return "-"
+    if h["state"] == "unknown":
+        return "unknown"
+    return f"{h['state']} {h['hot_fraction']:.0%} p90 {h['p90']:.2f}"
+
+
 def partitions_table(reply: dict, width: int | None = None) -> str:
     rows = []
     for p in reply["partitions"]:
@@ -84,12 +94,13 @@ def partitions_table(reply: dict, width: int | None = None) -> str:
                 f"{_fmt('cpu', p['capacity'])}/{_fmt('cpu', p['allocatable'])}",
                 _fmt("cpu", p["allocation"]),
                 "-" if p["busy"] is None else f"{p['busy']:.0%}",
+                _hot(p.get("hotness")),
                 "-" if p["trend"] is None else f"{p['trend']:+.4f}/s",
                 p["moves_last_hour"],
             ]
         )
     headers = ["PARTITION", "NODES", "DRAINING", "INCOMING", "CPU CAP/ALLOC", "ALLOCATED"]
-    text = table(rows, [*headers, "BUSY", "TREND", "MOVES/1H"], width)
+    text = table(rows, [*headers, "BUSY", "HOTNESS", "TREND", "MOVES/1H"], width)
     g = reply.get("break_glass")
     if g:
         until = f", until {ago(g['until'])}" if g.get("until") else ", until restored"
