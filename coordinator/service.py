@@ -230,7 +230,12 @@ class Coordinator:
             return
         partitions = self.state.partitions
         if partitions.divided:  # hotness matters only to a region split into partitions
-            self.controlling.observe(st, time.time(), partitions.config.window_s)
+            self.controlling.observe(
+                st,
+                time.time(),
+                partitions.config.window_s,
+                partitions.partition_of(st.node_id, st.labels),
+            )
         if self.cluster.observe(st, time.monotonic()):
             self._say_bar(st)
             if self.leader is not None:

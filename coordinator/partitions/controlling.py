@@ -29,13 +29,24 @@ class Controlling:
         self.windows = NodeWindows()
         self.state = ControllerState()
         self.hotness: dict[str, PartitionHotness] = {}  # as of the last decision, for views
+        self._partition: dict[str, str] = {}  # node -> the partition its window measured
 
-    def observe(self, state: NodeState, now: float, window_s: float) -> None:
+    def observe(self, state: NodeState, now: float, window_s: float, partition: str = "") -> None:
+        """Add a heartbeat to its node's window. `partition`: where the node is now;
+        when it differs from where its window was filled, the window starts again: a
+        node just lent from a busy batch partition would otherwise count as a hot
+        stateless node for a whole window (its batch tasks' load, not the services'),
+        and the controller would borrow again for heat the services never made."""
+        node_id = state.node_id
         self.windows.window_s = window_s
-        self.windows.add(state.node_id, sample_from_state(state, now))
+        if self._partition.get(node_id, partition) != partition:
+            self.windows.forget(node_id)
+        self._partition[node_id] = partition
+        self.windows.add(node_id, sample_from_state(state, now))
 
     def forget(self, node_id: str) -> None:
         self.windows.forget(node_id)
+        self._partition.pop(node_id, None)
 
     def measure(
         self, cfg: PartitionsConfig, facts: Sequence[NodeFacts], now: float
