@@ -37,12 +37,16 @@ class Controlling:
         node just lent from a busy batch partition would otherwise count as a hot
         stateless node for a whole window (its batch tasks' load, not the services'),
         and the controller would borrow again for heat the services never made."""
-        node_id = state.node_id
         self.windows.window_s = window_s
+        self._measuring(state.node_id, partition)
+        self.windows.add(state.node_id, sample_from_state(state, now))
+
+    def _measuring(self, node_id: str, partition: str) -> None:
+        """The node's window is of `partition` from now: emptied if it was another's
+        (a flip is seen by whichever comes first, a heartbeat or a decision)."""
         if self._partition.get(node_id, partition) != partition:
             self.windows.forget(node_id)
         self._partition[node_id] = partition
-        self.windows.add(node_id, sample_from_state(state, now))
 
     def forget(self, node_id: str) -> None:
         self.windows.forget(node_id)
@@ -53,6 +57,8 @@ class Controlling:
     ) -> tuple[dict[str, NodeHotness], dict[str, PartitionHotness]]:
         """Each node's window read once, and every configured partition summed (an empty
         one is cold): what a decision sees, and what `mesh partition list` shows now."""
+        for n in facts:
+            self._measuring(n.node_id, n.partition)
         per_node = {n.node_id: self.windows.node(n.node_id, now, cfg) for n in facts}
         by_partition: dict[str, list[NodeHotness]] = {p.name: [] for p in cfg.partitions}
         for n in facts:

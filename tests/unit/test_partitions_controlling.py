@@ -63,3 +63,14 @@ def test_measure_is_what_the_views_show():
     assert hotness_dict(hot["batch"])["state"] == "cold"
     assert hotness_dict(None) is None
     assert c.hotness == {}  # measuring decides nothing
+
+
+def test_a_flip_seen_by_a_decision_before_any_heartbeat_empties_the_window():
+    c = Controlling()
+    for t in range(10):
+        c.observe(beat("n1", 100.0, float(t)), float(t), CFG.window_s, "batch")
+    per_node, hot = c.measure(CFG, [facts("n1", "stateless")], 10.0)  # flipped: no beat yet
+    assert per_node["n1"].state == "unknown" and hot["stateless"].hot == 0
+    c.observe(beat("n1", 5.0, 10.5), 10.5, CFG.window_s, "stateless")
+    per_node, _ = c.measure(CFG, [facts("n1", "stateless")], 11.0)
+    assert per_node["n1"].p90 == 0.05
