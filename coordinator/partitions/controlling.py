@@ -56,7 +56,11 @@ class Controlling:
         self, cfg: PartitionsConfig, facts: Sequence[NodeFacts], now: float
     ) -> tuple[dict[str, NodeHotness], dict[str, PartitionHotness]]:
         """Each node's window read once, and every configured partition summed (an empty
-        one is cold): what a decision sees, and what `mesh partition list` shows now."""
+        one is cold): what a decision sees, and what `mesh partition list` shows now.
+        Windows of nodes no longer in `facts` (down, or gone) are dropped."""
+        live = {n.node_id for n in facts}
+        for gone in [n for n in self._partition if n not in live]:
+            self.forget(gone)
         for n in facts:
             self._measuring(n.node_id, n.partition)
         per_node = {n.node_id: self.windows.node(n.node_id, now, cfg) for n in facts}

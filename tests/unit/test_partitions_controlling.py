@@ -74,3 +74,12 @@ def test_a_flip_seen_by_a_decision_before_any_heartbeat_empties_the_window():
     c.observe(beat("n1", 5.0, 10.5), 10.5, CFG.window_s, "stateless")
     per_node, _ = c.measure(CFG, [facts("n1", "stateless")], 11.0)
     assert per_node["n1"].p90 == 0.05
+
+
+def test_windows_of_nodes_gone_from_the_region_are_dropped():
+    c = Controlling()
+    cfg = PartitionsConfig()
+    for node_id in ("a", "b"):
+        c.observe(beat(node_id, 50.0, 100.0), 100.0, cfg.window_s, "batch")
+    c.measure(cfg, [facts("a", "batch")], 101.0)
+    assert "a" in c.windows and "b" not in c.windows
