@@ -654,7 +654,7 @@ def test_no_flapping_on_load_oscillating_inside_the_dead_band():
     assert c.moves == 0
 
 
-@settings(max_examples=25, deadline=None, derandomize=True)
+@settings(max_examples=10, deadline=None, derandomize=True)
 @given(
     seed=st.integers(0, 2**32),
     delay=st.sampled_from([10.0, 40.0, 120.0, 400.0]),
