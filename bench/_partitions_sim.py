@@ -236,10 +236,10 @@ class Fleet:
         self._facts[i] = None
         return self.preempt(i, t) if source == BATCH else 0.0
 
-    def converge(self, t: float, result: Result) -> None:
-        done = np.nonzero(self.until <= t)[0]
+    def converge(self, t: float, result: Result) -> list[int]:
+        """Flip the nodes whose drain has ended by t; returns their indexes."""
+        done = [int(i) for i in np.nonzero(self.until <= t)[0]]
         for i in done:
-            i = int(i)
             source, target = _NAMES[self.part[i]], _NAMES[self.desired[i]]
             self.part[i] = self.desired[i]
             self.until[i] = math.inf
@@ -252,6 +252,7 @@ class Fleet:
                 self.home[i] = source
             self._facts[i] = None
             result.moves.append((self.ids[i], self.started.pop(i), t, source, target))
+        return done
 
     def facts(self) -> list[NodeFacts]:
         out = []
@@ -281,10 +282,18 @@ class Fleet:
 
 
 def simulate(
-    day: Day, policy: str, stateless: int, cfg: PartitionsConfig | None = None
+    day: Day,
+    policy: str,
+    stateless: int,
+    cfg: PartitionsConfig | None = None,
+    forget_on_flip: bool = False,
 ) -> tuple[Result, Fleet, Controlling | None]:
     """One policy's day: static (``cfg`` None: the split never changes) or dynamic (the
-    real controller, every ``cfg.interval_s``). Same day, same seeds, same noise."""
+    real controller, every ``cfg.interval_s``). Same day, same seeds, same noise.
+
+    ``forget_on_flip`` drops a node's hotness window when its move converges (what the
+    product does not do: a node lent from batch brings minutes of batch-era samples into
+    stateless); it is there to measure what that change would give."""
     fleet = Fleet(day, stateless)
     result = Result(policy)
     rng = np.random.default_rng(day.seed)
@@ -294,7 +303,10 @@ def simulate(
     step_s, cores, line = day.step_s, day.cores, day.busy_line
     for k in range(steps):
         t = k * step_s
-        fleet.converge(t, result)
+        flipped = fleet.converge(t, result)
+        if forget_on_flip and controlling is not None:
+            for i in flipped:
+                controlling.forget(fleet.ids[i])
         d = demand(day, t)
         noise = rng.uniform(-1.0, 1.0, day.nodes)
         serving = fleet.part == _S

@@ -122,7 +122,12 @@ def plot(path: Path, day: Day, results: dict[str, Result]) -> None:
     hours = [t / HOUR_S for t in results["dynamic"].times]
     need = [demand(day, t) / (day.cores * day.busy_line) for t in results["dynamic"].times]
     top.plot(hours, need, color="0.6", lw=0.7, label="service demand / (cores x busy line)")
-    colors = {"static_peak": "tab:blue", "static_mean": "tab:orange", "dynamic": "tab:green"}
+    colors = {
+        "static_peak": "tab:blue",
+        "static_mean": "tab:orange",
+        "dynamic": "tab:green",
+        "dynamic_forget": "tab:red",
+    }
     for name, r in results.items():
         top.plot(hours, r.stateless_nodes, color=colors[name], lw=1.4, label=f"{name}: stateless")
         smooth = _smooth(r.hot_fraction, 30)
@@ -167,13 +172,16 @@ def run(args: argparse.Namespace) -> dict:
     )
     t0 = time.perf_counter()
     results, figures, fleets = {}, {}, {}
-    for name, stateless, policy_cfg in (
-        ("static_peak", peak, None),
-        ("static_mean", mean, None),
-        ("dynamic", mean, cfg),
-    ):
+    policies = [
+        ("static_peak", peak, None, False),
+        ("static_mean", mean, None, False),
+        ("dynamic", mean, cfg, False),
+    ]
+    if args.forget_on_flip:
+        policies.append(("dynamic_forget", mean, cfg, True))
+    for name, stateless, policy_cfg, forget in policies:
         c0 = time.perf_counter()
-        r, fleet, _ = simulate(day, name, stateless, policy_cfg)
+        r, fleet, _ = simulate(day, name, stateless, policy_cfg, forget)
         results[name], fleets[name] = r, fleet
         figures[name] = s = summarize(day, r, cfg)
         print(
@@ -248,6 +256,12 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--config", help="a partitions config (YAML) for the controller")
     ap.add_argument("--decide-nodes", type=int, default=5000)
     ap.add_argument("--decide-rounds", type=int, default=100)
+    ap.add_argument(
+        "--forget-on-flip",
+        action="store_true",
+        help="also run the controller with a node's hotness window dropped when its move "
+        "converges (not what the product does; measures that change)",
+    )
     ap.add_argument("--plot", help="write a PNG of partition sizes and hotness here")
     ap.add_argument("--quick", action="store_true", help="100 nodes, a 2 h day, 500-node decisions")
     args = ap.parse_args(argv)
