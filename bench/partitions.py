@@ -14,9 +14,10 @@ the always-full batch backlog and the drain delay are a model (bench/_partitions
 says which, and why each is as simple as it is).
 
 Same day, same seeds, same noise for every policy. The dynamic controller starts from
-the mean-sized split (where the load is at t = 0) and is compared with the peak-sized
-split: Uber's comparison, a shared fleet that moves hosts against dedicated capacity
-provisioned for the peak. Reported: batch work done (core-seconds) and the
+the mean-sized split (where the load is at t = 0; `--start trough` for the trough-sized
+one) and is compared with the peak-sized split: Uber's comparison, a shared fleet that
+moves hosts against dedicated capacity provisioned for the peak. The controller returns
+only nodes it borrowed, so the starting split is stateless's floor for the whole day. Reported: batch work done (core-seconds) and the
 dynamic/peak ratio, utilization, hot-node-seconds (serving nodes above the busy line),
 service core-seconds on hot nodes, moves per hour, flaps, time to relief after the
 spike, a break-glass drill's time to full capacity (at the day's end, on the dynamic
@@ -164,6 +165,8 @@ def run(args: argparse.Namespace) -> dict:
     if cfg.busy_line != day.busy_line:
         day = replace(day, busy_line=cfg.busy_line)
     peak, mean = nodes_for(day, day.peak_cores), nodes_for(day, mean_demand(day))
+    trough = nodes_for(day, day.peak_cores / day.peak_to_trough)
+    start = {"mean": mean, "trough": trough}[args.start]
     print(
         f"{day.nodes} nodes x {day.cores} cores, a {day.day_s / HOUR_S:g} h day in "
         f"{day.step_s:g} s steps; service peak {day.peak_cores:.0f} cores (3:1 to trough), "
@@ -175,10 +178,10 @@ def run(args: argparse.Namespace) -> dict:
     policies = [
         ("static_peak", peak, None, False),
         ("static_mean", mean, None, False),
-        ("dynamic", mean, cfg, False),
+        ("dynamic", start, cfg, False),
     ]
     if args.forget_on_flip:
-        policies.append(("dynamic_forget", mean, cfg, True))
+        policies.append(("dynamic_forget", start, cfg, True))
     for name, stateless, policy_cfg, forget in policies:
         c0 = time.perf_counter()
         r, fleet, _ = simulate(day, name, stateless, policy_cfg, forget)
@@ -223,6 +226,8 @@ def run(args: argparse.Namespace) -> dict:
         "spike_at_s": day.spike_at_s,
         "split_peak": peak,
         "split_mean": mean,
+        "split_trough": trough,
+        "dynamic_starts_from": args.start,
         "controller": {
             "interval_s": cfg.interval_s,
             "borrow_after_s": cfg.borrow_after_s,
@@ -261,6 +266,13 @@ def main(argv: list[str]) -> dict:
         action="store_true",
         help="also run the controller with a node's hotness window dropped when its move "
         "converges (not what the product does; measures that change)",
+    )
+    ap.add_argument(
+        "--start",
+        choices=("mean", "trough"),
+        default="mean",
+        help="the dynamic policy's starting split (stateless's own nodes: it only ever "
+        "returns nodes it borrowed, so this is its floor)",
     )
     ap.add_argument("--plot", help="write a PNG of partition sizes and hotness here")
     ap.add_argument("--quick", action="store_true", help="100 nodes, a 2 h day, 500-node decisions")
