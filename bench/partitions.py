@@ -17,11 +17,12 @@ Same day, same seeds, same noise for every policy. The dynamic controller starts
 the mean-sized split (where the load is at t = 0; `--start trough` for the trough-sized
 one) and is compared with the peak-sized split: Uber's comparison, a shared fleet that
 moves hosts against dedicated capacity provisioned for the peak. The controller returns
-only nodes it borrowed, so the starting split is stateless's floor for the whole day. Reported: batch work done (core-seconds) and the
-dynamic/peak ratio, utilization, hot-node-seconds (serving nodes above the busy line),
-service core-seconds on hot nodes, moves per hour, flaps, time to relief after the
-spike, a break-glass drill's time to full capacity (at the day's end, on the dynamic
-fleet), and the controller's decision time at 5,000 nodes (bench/partitions_decide.py).
+only nodes it borrowed, so the starting split is stateless's floor for the whole day.
+Reported: batch work done (core-seconds) and the dynamic/peak ratio, utilization,
+hot-node-seconds (serving nodes above the busy line), service core-seconds on hot
+nodes, moves per hour, flaps, time to relief after the spike, a break-glass drill's
+time to full capacity (at the day's end, on the dynamic fleet), and the controller's
+decision time at 5,000 nodes (bench/partitions_decide.py).
 """
 
 from __future__ import annotations
