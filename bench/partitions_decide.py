@@ -131,11 +131,15 @@ def main(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench partitions_decide")
     ap.add_argument("--nodes", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--quick", action="store_true", help="500 nodes, 10 rounds")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.nodes, args.rounds = 500, 10
     result = decision_time(args.nodes, args.rounds)
     print(
         f"{args.nodes} nodes: decide p99 {result['decide_ms']['p99']} ms "
         f"(CPU {result['decide_cpu_ms']['p99']} ms), "
         f"round (with window reads) p99 {result['round_ms']['p99']} ms"
     )
-    return result
+    # The target is at 5,000 nodes; a smaller --nodes is held to it all the same.
+    return {**result, "targets": {"decide_p99_le_10ms": result["decide_ms"]["p99"] <= 10.0}}
