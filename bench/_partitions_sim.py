@@ -286,14 +286,11 @@ def simulate(
     policy: str,
     stateless: int,
     cfg: PartitionsConfig | None = None,
-    forget_on_flip: bool = False,
 ) -> tuple[Result, Fleet, Controlling | None]:
     """One policy's day: static (``cfg`` None: the split never changes) or dynamic (the
     real controller, every ``cfg.interval_s``). Same day, same seeds, same noise.
-
-    ``forget_on_flip`` drops a node's hotness window when its move converges (what the
-    product does not do: a node lent from batch brings minutes of batch-era samples into
-    stateless); it is there to measure what that change would give."""
+    A node's hotness window starts again when its move converges, as the product does
+    (`Controlling` sees the new partition at its next decision)."""
     fleet = Fleet(day, stateless)
     result = Result(policy)
     rng = np.random.default_rng(day.seed)
@@ -303,10 +300,7 @@ def simulate(
     step_s, cores, line = day.step_s, day.cores, day.busy_line
     for k in range(steps):
         t = k * step_s
-        flipped = fleet.converge(t, result)
-        if forget_on_flip and controlling is not None:
-            for i in flipped:
-                controlling.forget(fleet.ids[i])
+        fleet.converge(t, result)
         d = demand(day, t)
         noise = rng.uniform(-1.0, 1.0, day.nodes)
         serving = fleet.part == _S

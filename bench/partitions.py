@@ -128,7 +128,6 @@ def plot(path: Path, day: Day, results: dict[str, Result]) -> None:
         "static_peak": "tab:blue",
         "static_mean": "tab:orange",
         "dynamic": "tab:green",
-        "dynamic_forget": "tab:red",
     }
     for name, r in results.items():
         top.plot(hours, r.stateless_nodes, color=colors[name], lw=1.4, label=f"{name}: stateless")
@@ -177,15 +176,13 @@ def run(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     results, figures, fleets = {}, {}, {}
     policies = [
-        ("static_peak", peak, None, False),
-        ("static_mean", mean, None, False),
-        ("dynamic", start, cfg, False),
+        ("static_peak", peak, None),
+        ("static_mean", mean, None),
+        ("dynamic", start, cfg),
     ]
-    if args.forget_on_flip:
-        policies.append(("dynamic_forget", start, cfg, True))
-    for name, stateless, policy_cfg, forget in policies:
+    for name, stateless, policy_cfg in policies:
         c0 = time.perf_counter()
-        r, fleet, _ = simulate(day, name, stateless, policy_cfg, forget)
+        r, fleet, _ = simulate(day, name, stateless, policy_cfg)
         results[name], fleets[name] = r, fleet
         figures[name] = s = summarize(day, r, cfg)
         print(
@@ -262,12 +259,6 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--config", help="a partitions config (YAML) for the controller")
     ap.add_argument("--decide-nodes", type=int, default=5000)
     ap.add_argument("--decide-rounds", type=int, default=100)
-    ap.add_argument(
-        "--forget-on-flip",
-        action="store_true",
-        help="also run the controller with a node's hotness window dropped when its move "
-        "converges (not what the product does; measures that change)",
-    )
     ap.add_argument(
         "--start",
         choices=("mean", "trough"),
