@@ -700,6 +700,16 @@ class ProcessExecutor:
                 self._abandon(proc, cgroup_dirs)
         return handle
 
+    def _user_kwargs(self) -> dict[str, Any]:
+        """What subprocess needs to run a command as the --run-as user ({} without one)."""
+        if self._run_as is None:
+            return {}
+        return {
+            "user": self._run_as.uid,
+            "group": self._run_as.gid,
+            "extra_groups": list(self._run_as.groups),
+        }
+
     async def check(self, spec: ExecSpec, timeout_s: float) -> tuple[bool, str]:
         """Run a task's health check once: `spec` is the task's own (its user, env and
         work dir) with the check's argv. True when it exits 0 within `timeout_s`; else
@@ -716,13 +726,7 @@ class ProcessExecutor:
             command = _resolve_command(spec.argv[0], env["PATH"], cwd)
         except ExecError as exc:
             return False, str(exc)
-        user: dict[str, Any] = {}
-        if self._run_as is not None:
-            user = {
-                "user": self._run_as.uid,
-                "group": self._run_as.gid,
-                "extra_groups": list(self._run_as.groups),
-            }
+        user = self._user_kwargs()
         try:
             proc = await asyncio.create_subprocess_exec(
                 command,
@@ -827,13 +831,7 @@ class ProcessExecutor:
         out = os.open(task_dir / "stdout.log", flags, 0o600)
         err = os.open(task_dir / "stderr.log", flags, 0o600)
         gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
-        user: dict[str, Any] = {}
-        if self._run_as is not None:
-            user = {
-                "user": self._run_as.uid,
-                "group": self._run_as.gid,
-                "extra_groups": list(self._run_as.groups),
-            }
+        user = self._user_kwargs()
         try:
             proc = subprocess.Popen(
                 [_SH, "-c", _WRAPPER, "mesh-task", str(task_dir / "status"), str(mem_kib)]
