@@ -80,7 +80,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--drain", type=float, default=120.0, help="seconds to let jobs end")
     p.add_argument("--state-dir", help="keep state, logs and evidence here (default: temp)")
     p.add_argument(
-        "--quick", action="store_true", help="a smoke run: 9 s, 20 nodes, a kill every 3 s, 15 s to drain"
+        "--quick",
+        action="store_true",
+        help="a smoke run: 9 s, 20 nodes, a kill every 3 s, 15 s to drain",
     )
     args = p.parse_args(argv)
     if args.quick:

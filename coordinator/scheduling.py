@@ -12,7 +12,7 @@ from functools import lru_cache
 from typing import TypeVar
 
 from coordinator.cluster import ClusterView, NodeView
-from coordinator.partitions.membership import allocatable, job_partition, placing
+from coordinator.partitions.membership import allocatable, placing
 from coordinator.placement import (
     PROFILES,
     GangRequest,
@@ -184,7 +184,7 @@ def spec_shape(spec: JobSpec, group: TaskGroup) -> Shape:
         group.simulate is not None,
         p.labels,
         p.gpu_isolation,
-        job_partition(spec),
+        spec.placement_partition,
     )
 
 

@@ -11,7 +11,6 @@ it reads `vacating`. When nothing holds the node any more, the move converges.
 
 from __future__ import annotations
 
-from coordinator.partitions.membership import job_kind
 from coordinator.state import RegionState
 from mesh.schema import LogEvent, NodePartitionChanged, TaskPreemptRequested
 
@@ -41,7 +40,7 @@ def drain_moves(state: RegionState, now: float) -> list[LogEvent]:
         for tid in sorted(held):
             t = state.tasks[tid]
             spec = state.jobs[t.job_id].spec
-            if t.preempt_reason or job_kind(spec) == "service" or not spec.preemptible:
+            if t.preempt_reason or spec.is_service or not spec.preemptible:
                 continue  # being stopped already; the surge's; or waited for
             events.append(TaskPreemptRequested(t.job_id, tid, t.attempt, reason, now))
     return events

@@ -18,8 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from coordinator.partitions.config import (
-    BATCH,
-    STATELESS,
     PartitionsConfig,
     PartitionSpec,
     parse_partitions_config,
@@ -192,21 +190,6 @@ class Membership:
 # ---------------------------------------------------------------- jobs and placement
 
 UNDIVIDED = ""  # a node's partition in a region not split into partitions: takes every job
-
-
-def job_kind(spec: object) -> str:
-    """`batch` or `service` (JobSpec.kind, once the services work adds it)."""
-    return getattr(spec, "kind", "batch") or "batch"
-
-
-def job_partition(spec: object) -> str:
-    """Where a job may run: the partition its spec names, else `stateless` for a
-    service and `batch` for a batch job. A job naming `batch` runs only on nodes in
-    `batch`, not in its virtual children (`batch/critical` takes only jobs naming it)."""
-    named = getattr(spec, "partition", "") or ""
-    if named:
-        return named
-    return STATELESS if job_kind(spec) == "service" else BATCH
 
 
 def allocatable(capacity: Resources, spec: PartitionSpec) -> Resources:

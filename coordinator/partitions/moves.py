@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 
 from coordinator.cluster import DOWN, ClusterView
 from coordinator.partitions.controller import Move, NodeFacts, break_glass
-from coordinator.partitions.membership import job_kind
 from coordinator.state import RegionState
 from mesh.schema import BreakGlassEnded, BreakGlassSet, LogEvent, NodePartitionSet
 
@@ -41,7 +40,7 @@ def node_facts(state: RegionState, cluster: ClusterView) -> list[NodeFacts]:
                 len(tasks),
                 sum(s.priority for s in specs),
                 any(not s.preemptible for s in specs),
-                sum(job_kind(s) == "service" for s in specs),
+                sum(s.is_service for s in specs),
             )
         )
     return out

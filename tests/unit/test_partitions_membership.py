@@ -4,12 +4,10 @@ the config, and what placement asks of jobs and nodes."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from coordinator.partitions.config import PartitionSpec, parse_partitions_config
-from coordinator.partitions.membership import allocatable, job_kind, job_partition, placing
+from coordinator.partitions.membership import allocatable, placing
 from coordinator.partitions.moves import restore_events
 from mesh.codec import WireError, decode, encode
 from mesh.schema import (
@@ -23,6 +21,7 @@ from mesh.schema import (
 from tests.unit.test_reconcile import Log
 from workloads.quantity import SpecError
 from workloads.resources import Resources
+from workloads.spec import parse_job_spec
 
 CONFIG = """
 partitions:
@@ -139,12 +138,12 @@ def test_partition_events_are_validated_on_decode():
 
 
 def test_which_partition_a_job_runs_in():
-    assert job_partition(SimpleNamespace()) == "batch"
-    assert job_kind(SimpleNamespace()) == "batch"
-    assert job_partition(SimpleNamespace(kind="service", partition="")) == "stateless"
-    assert job_partition(SimpleNamespace(kind="batch", partition="batch/critical")) == (
-        "batch/critical"
-    )
+    def spec(**kw):
+        return parse_job_spec({"name": "j", "tasks": [{"role": "a", "command": "true"}], **kw})
+
+    assert spec().placement_partition == "batch"
+    assert spec(kind="service", restart={"max_retries": 0}).placement_partition == "stateless"
+    assert spec(partition="batch/critical").placement_partition == "batch/critical"
 
 
 @pytest.mark.parametrize(
