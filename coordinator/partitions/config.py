@@ -20,6 +20,7 @@ YAML keys are the field names of :class:`PartitionsConfig`, every one optional; 
     busy_line: 0.7
     hot_fraction: 0.6
     cold_fraction: 0.4
+    spike_fraction: 0.9
     borrow_after_s: 20s
     return_after_s: 10m
     cooldown_s: 5m
@@ -96,7 +97,7 @@ _DURATIONS = (
     "return_after_s",
     "cooldown_s",
 )
-_FRACTIONS = ("busy_line", "hot_fraction", "cold_fraction")
+_FRACTIONS = ("busy_line", "hot_fraction", "cold_fraction", "spike_fraction")
 _COUNTS = ("nodes_per_move", "moves_per_hour", "max_draining", "max_draining_per_zone")
 _TOP_FIELDS = ("partitions", "default_partition", *_DURATIONS, *_FRACTIONS, *_COUNTS, "forecast")
 
@@ -114,6 +115,7 @@ class PartitionsConfig:
     busy_line: float = 0.7  # a node is hot when its busy p90 over the window is above it
     hot_fraction: float = 0.6  # a partition is hot when > 60 % of its known nodes are hot
     cold_fraction: float = 0.4  # cold when < 40 %; between: dead band, no move
+    spike_fraction: float = 0.9  # more hot: borrow at once, no dwell or rate limits (1: never)
     borrow_after_s: float = 20.0  # hot this long (consecutive intervals) before borrowing
     return_after_s: float = 600.0  # cold this long before returning borrowed nodes
     cooldown_s: float = 300.0  # a node moved is not moved again for this long
@@ -177,6 +179,12 @@ def _check(cfg: PartitionsConfig) -> None:
             "cold_fraction",
             f"must be below hot_fraction ({cfg.hot_fraction}) to leave a dead band, "
             f"got {cfg.cold_fraction}",
+        )
+    if cfg.spike_fraction < cfg.hot_fraction:
+        raise SpecError(
+            "spike_fraction",
+            f"must be at least hot_fraction ({cfg.hot_fraction}): a spike is hotter than hot, "
+            f"got {cfg.spike_fraction}",
         )
     for name in _COUNTS:
         _check_int(getattr(cfg, name), name, 1)

@@ -9,8 +9,10 @@ The rules (README.md beside this file has them with their anchors):
 - ``stateless`` borrows from the lenders (``batch`` and its unprotected virtual
   partitions) when it has been hot for ``borrow_after_s``: more than ``hot_fraction`` of
   its known nodes above the busy line, or, with ``forecast``, expected to be one interval
-  ahead. Borrowed nodes (``home`` set) go back home when it has been cold (below
-  ``cold_fraction``, and not forecast otherwise) for ``return_after_s``. In the dead band
+  ahead; at once, past the dwell and the rate limits, when more than ``spike_fraction`` of
+  its nodes are hot now (a spike). When it has been cold (below ``cold_fraction``, and not
+  forecast otherwise) for ``return_after_s`` it gives nodes back: borrowed ones (``home``
+  set) home first, then its own to ``batch``, down to its minimum. In the dead band
   between, nothing moves. After each move the dwell starts again: borrowing repeats every
   ``borrow_after_s`` at most, returning every ``return_after_s`` (borrow fast, return slowly).
 - It moves only as many nodes as bring the hot fraction to the middle of the dead band
@@ -101,6 +103,12 @@ def _is_hot(cfg: PartitionsConfig, ph: PartitionHotness) -> bool:
     return ph.state == HOT or (cfg.forecast and ph.forecast_fraction > cfg.hot_fraction)
 
 
+def _is_spike(cfg: PartitionsConfig, ph: PartitionHotness) -> bool:
+    """Nearly every node hot *now* (measured, not forecast): the load outran the
+    rate-limited moves, a spike; services burn their objective while a dwell waits."""
+    return ph.hot_fraction > cfg.spike_fraction
+
+
 def _is_cold(cfg: PartitionsConfig, ph: PartitionHotness) -> bool:
     return ph.state == COLD and (not cfg.forecast or ph.forecast_fraction < cfg.cold_fraction)
 
@@ -142,6 +150,11 @@ class _Limits:
         self.hour_left = cfg.moves_per_hour - len(recent)
         self.drain_left = cfg.max_draining - self.in_flight
         self.room = min(cfg.nodes_per_move, self.hour_left, self.drain_left)
+        self.per_zone = cfg.max_draining_per_zone
+
+    def lift(self, nodes: int) -> None:
+        """A spike's room: every rate limit off (the minimums stay)."""
+        self.room = self.per_zone = nodes
 
     def copy(self) -> _Limits:
         other = copy.copy(self)
@@ -158,7 +171,7 @@ class _Limits:
         return self.desired.get(partition, 0) > self.minimum.get(partition, 0)
 
     def zone_ok(self, zone: str) -> bool:
-        return self.zone_draining.get(zone, 0) < self.cfg.max_draining_per_zone
+        return self.zone_draining.get(zone, 0) < self.per_zone
 
     def take(self, n: NodeFacts, target: str) -> None:
         self.desired[n.partition] -= 1
@@ -244,10 +257,12 @@ def decide(
     moves: tuple[Move, ...] = ()
     if STATELESS in hot_since:
         hot_for = now - hot_since[STATELESS]
-        if hot_for < cfg.borrow_after_s:
+        spike = _is_spike(cfg, ph)
+        if hot_for < cfg.borrow_after_s and not spike:
             why = f"stateless hot: {seen} for {hot_for:.0f} s of {cfg.borrow_after_s:.0f} s"
         else:
-            moves, why = _borrow(cfg, nodes, ph, recent, now, f"{seen} for {hot_for:.0f} s")
+            seen = f"{seen} for {hot_for:.0f} s"
+            moves, why = _borrow(cfg, nodes, ph, recent, now, seen, spike)
             if moves:
                 hot_since[STATELESS] = now  # the next borrow waits a dwell again
     elif STATELESS in cold_since:
@@ -256,8 +271,6 @@ def decide(
             why = f"stateless cold: {seen} for {cold_for:.0f} s of {cfg.return_after_s:.0f} s"
         else:
             moves, why = _return(cfg, nodes, ph, recent, now, f"{seen} for {cold_for:.0f} s")
-            if moves:
-                cold_since[STATELESS] = now  # return slowly: the next waits a full dwell
     else:
         why = (
             f"stateless {ph.state}: {seen}, in the dead band "
@@ -284,12 +297,26 @@ def _borrow(
     recent: tuple[tuple[str, float], ...],
     now: float,
     seen: str,
+    spike: bool = False,
 ) -> tuple[tuple[Move, ...], str]:
     head = f"stateless hot: {seen}"
     limits = _Limits(cfg, nodes, recent)
-    hot = max(ph.hot, ph.forecast_fraction * ph.known if cfg.forecast else 0.0)
-    # m cold nodes more bring hot / (known + m) down to the target fraction.
-    need = max(1, math.ceil(hot / _target_fraction(cfg) - ph.known - 1e-9))
+    if spike:
+        # When (nearly) all are hot, the hot share says nothing of how far past the line
+        # the load is; the windows' p90 still holds the minutes before. Size from the
+        # load now (each node's newest score), as if it spread over more nodes: enough
+        # to bring its mean to the busy line. Later decisions top up (nodes on their way
+        # count); a busy clipped at 1.0 understates, and the next decision sees more.
+        need = max(1, math.ceil(ph.known * ph.last / cfg.busy_line - ph.known - 1e-9))
+        head += (
+            f"; spike ({ph.hot_fraction:.0%} hot > spike_fraction {cfg.spike_fraction:.0%}, "
+            f"busy now {ph.last:.2f}): dwell and rate limits skipped"
+        )
+        limits.lift(len(nodes))
+    else:
+        hot = max(ph.hot, ph.forecast_fraction * ph.known if cfg.forecast else 0.0)
+        # m cold nodes more bring hot / (known + m) down to the target fraction.
+        need = max(1, math.ceil(hot / _target_fraction(cfg) - ph.known - 1e-9))
     coming = limits.in_flight_into.get(STATELESS, 0)
     if need <= coming:
         return (), f"{head}; {coming} nodes already on their way, {need} needed"
@@ -359,9 +386,15 @@ def _lend(
     return moves, skips
 
 
+def _lent(n: NodeFacts) -> bool:
+    """Whether a stateless node was borrowed from a lender (and so has a home to go to)."""
+    return n.home not in ("", STATELESS)
+
+
 def _home(cfg: PartitionsConfig, n: NodeFacts) -> str:
-    """Where a borrowed node goes back to: its home, or batch if that is gone."""
-    return n.home if cfg.spec(n.home) is not None else BATCH
+    """Where a node given back goes: its home, or batch if it has none or that is gone
+    (stateless's own nodes are lent to batch, the default lender)."""
+    return n.home if _lent(n) and cfg.spec(n.home) is not None else BATCH
 
 
 def _return(
@@ -373,9 +406,9 @@ def _return(
     seen: str,
 ) -> tuple[tuple[Move, ...], str]:
     head = f"stateless cold: {seen}"
-    borrowed = [n for n in nodes if n.partition == STATELESS and n.home not in ("", STATELESS)]
-    if not borrowed:
-        return (), f"{head}; nothing borrowed to return"
+    serving = [n for n in nodes if n.partition == STATELESS]
+    if not serving:
+        return (), f"{head}; no stateless node to give back"
     # Giving back m nodes leaves hot / (known - m): keep it at or below the target. And
     # if the load spreads over the nodes left, their p90 grows by known / (known - m):
     # keep that at or below the busy line too, or the return would make it hot again.
@@ -390,21 +423,47 @@ def _return(
 
     last = _last_moves(recent)
     skips = _Skips()
-    by_zone: dict[str, list[NodeFacts]] = {}
-    for n in borrowed:
+    lent: list[NodeFacts] = []
+    own: list[NodeFacts] = []
+    for n in serving:
         if _movable(n, now, cfg, last, skips):
-            by_zone.setdefault(n.zone, []).append(n)
+            (lent if _lent(n) else own).append(n)
+    # Borrowed nodes go home before stateless lends its own; each group round the zones.
+    moves: list[Move] = []
+    for group in (lent, own):
+        if not _give_back(cfg, group, want, limits, skips, moves, head):
+            break
+    if not moves:
+        return (), f"{head}; no stateless node can be given back (passed over: {skips})"
+    more = f"; passed over: {skips}" if skips.counts else ""
+    borrowed = sum(1 for n in serving if _lent(n))
+    return tuple(moves), f"{head}; give back {len(moves)} ({borrowed} borrowed){more}"
 
-    def coldest(n: NodeFacts) -> tuple:
-        p90 = n.p90 or 0.0
-        return (int(p90 * _P90_BUCKET), n.services, p90, n.node_id)
 
+def _coldest(n: NodeFacts) -> tuple:
+    """Return order: p90 in 0.05-wide buckets, then fewest services, then p90, then id."""
+    p90 = n.p90 or 0.0
+    return (int(p90 * _P90_BUCKET), n.services, p90, n.node_id)
+
+
+def _give_back(
+    cfg: PartitionsConfig,
+    group: list[NodeFacts],
+    want: int,
+    limits: _Limits,
+    skips: _Skips,
+    moves: list[Move],
+    head: str,
+) -> bool:
+    """Append moves out of stateless from ``group``, one zone's coldest at a time, the
+    coldest zone first, until ``want`` in all; False once stateless is at its minimum."""
+    by_zone: dict[str, list[NodeFacts]] = {}
+    for n in group:
+        by_zone.setdefault(n.zone, []).append(n)
     for queue in by_zone.values():
-        queue.sort(key=coldest, reverse=True)  # coldest last: pop() takes it
-    moves = []
+        queue.sort(key=_coldest, reverse=True)  # coldest last: pop() takes it
     while len(moves) < want and by_zone:
-        # One round: the head of each zone in turn, coldest zone first.
-        for zone in sorted(by_zone, key=lambda z: coldest(by_zone[z][-1])):
+        for zone in sorted(by_zone, key=lambda z: _coldest(by_zone[z][-1])):
             if len(moves) == want:
                 break
             queue = by_zone[zone]
@@ -412,24 +471,21 @@ def _return(
                 skips.add("zone drain limit")
                 del by_zone[zone]
                 continue
-            n = queue.pop()
             if not limits.above_minimum(STATELESS):
                 skips.add("stateless at min_nodes")
-                by_zone.clear()
-                break
+                return False
+            n = queue.pop()
             home = _home(cfg, n)
             limits.take(n, home)
+            verb = "return to" if _lent(n) else "lend to"
             reason = (
-                f"{head}; return to {home} (p90 {n.p90:.2f}, {n.services} service"
+                f"{head}; {verb} {home} (p90 {n.p90:.2f}, {n.services} service"
                 f"{'s' if n.services != 1 else ''}, zone {zone})"
             )
             moves.append(Move(n.node_id, STATELESS, home, reason))
             if not queue:
                 del by_zone[zone]
-    if not moves:
-        return (), f"{head}; no borrowed node can be returned (passed over: {skips})"
-    more = f"; passed over: {skips}" if skips.counts else ""
-    return tuple(moves), f"{head}; return {len(moves)} of {len(borrowed)} borrowed{more}"
+    return True
 
 
 def break_glass(

@@ -60,6 +60,7 @@ class NodeHotness:
     p50: float
     p90: float
     trend: float  # busy per second (least squares slope over the window)
+    last: float = 0.0  # the newest score: what the node is doing now, not over the window
 
 
 class _Window:
@@ -198,7 +199,7 @@ class NodeWindows:
         p90 = ordered[_rank(n, 9)]
         stale = now - w.times[-1] > cfg.stale_after_s
         state = UNKNOWN if stale else (HOT if p90 > cfg.busy_line else COLD)
-        return NodeHotness(node_id, state, p50, p90, w.slope())
+        return NodeHotness(node_id, state, p50, p90, w.slope(), w.scores[-1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +214,7 @@ class PartitionHotness:
     trend: float  # mean over known nodes of their trend (busy per second)
     forecast_fraction: float  # hot fraction one interval ahead, each node's p90 + trend x interval
     state: str  # "hot" | "cold" | "normal" | "unknown" (more than half its nodes unknown)
+    last: float = 0.0  # mean over known nodes of their newest score: the load now
 
 
 def partition_hotness(
@@ -227,7 +229,7 @@ def partition_hotness(
     p50s: list[float] = []
     p90s: list[float] = []
     hot = coming = 0
-    trend_sum = 0.0
+    trend_sum = last_sum = 0.0
     for h in nodes:
         state = h.state
         if state == UNKNOWN:
@@ -236,6 +238,7 @@ def partition_hotness(
         p50s.append(h.p50)
         p90s.append(p90)
         trend_sum += h.trend
+        last_sum += h.last
         if state == HOT:
             hot += 1
         if p90 + h.trend * ahead > line:
@@ -246,8 +249,9 @@ def partition_hotness(
         p90s.sort()
         p50, p90 = p50s[_rank(known, 5)], p90s[_rank(known, 9)]
         fraction, forecast, trend = hot / known, coming / known, trend_sum / known
+        last = last_sum / known
     else:
-        p50 = p90 = fraction = forecast = trend = 0.0
+        p50 = p90 = fraction = forecast = trend = last = 0.0
     if 2 * (total - known) > total:
         state = UNKNOWN
     elif fraction > cfg.hot_fraction:
@@ -257,5 +261,5 @@ def partition_hotness(
     else:
         state = NORMAL
     return PartitionHotness(
-        partition, total, known, hot, fraction, p50, p90, trend, forecast, state
+        partition, total, known, hot, fraction, p50, p90, trend, forecast, state, last
     )

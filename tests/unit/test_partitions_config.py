@@ -46,8 +46,9 @@ borrow_after_s: 0s
 return_after_s: 10m
 cooldown_s: 1h
 busy_line: 0.8
-hot_fraction: 1
+hot_fraction: 0.95
 cold_fraction: 0.25
+spike_fraction: 1
 nodes_per_move: 3
 moves_per_hour: 40
 max_draining: 6
@@ -64,7 +65,8 @@ forecast: false
     assert cfg.lenders() == (BATCH, "batch/spot")  # protected ones never lend
     assert (cfg.interval_s, cfg.window_s, cfg.stale_after_s) == (5.0, 150.0, 15.0)
     assert (cfg.borrow_after_s, cfg.return_after_s, cfg.cooldown_s) == (0.0, 600.0, 3600.0)
-    assert (cfg.busy_line, cfg.hot_fraction, cfg.cold_fraction) == (0.8, 1, 0.25)
+    assert (cfg.busy_line, cfg.hot_fraction, cfg.cold_fraction) == (0.8, 0.95, 0.25)
+    assert cfg.spike_fraction == 1
     assert (cfg.nodes_per_move, cfg.moves_per_hour, cfg.max_draining) == (3, 40, 6)
     assert (cfg.max_draining_per_zone, cfg.forecast) == (2, False)
 
@@ -80,6 +82,8 @@ BAD = [
     ("cold_fraction: 0.6", "cold_fraction", "below hot_fraction"),  # no dead band
     ("cold_fraction: 0", "cold_fraction", "(0, 1]"),
     ("hot_fraction: 1.01", "hot_fraction", "(0, 1]"),
+    ("spike_fraction: 0.5", "spike_fraction", "at least hot_fraction"),
+    ("spike_fraction: 1.5", "spike_fraction", "(0, 1]"),
     ("busy_line: 0", "busy_line", "(0, 1]"),
     ("busy_line: 1.5", "busy_line", "(0, 1]"),
     ("busy_line: .nan", "busy_line", "(0, 1]"),

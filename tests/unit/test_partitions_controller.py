@@ -25,7 +25,7 @@ from coordinator.partitions.controller import (
 from coordinator.partitions.hotness import PartitionHotness, partition_hotness
 from workloads import SpecError
 
-CFG = PartitionsConfig()
+CFG = PartitionsConfig(spike_fraction=1.0)  # the rate-limited rules; test_spike_* turn it on
 T0 = 100_000.0
 
 
@@ -46,7 +46,15 @@ def fact(node_id: str, partition: str = BATCH, **kw) -> NodeFacts:
     return NodeFacts(node_id=node_id, partition=partition, **base)
 
 
-def ph(name: str, hot: int, known: int, forecast: float | None = None, nodes=None, p90=0.3):
+def ph(
+    name: str,
+    hot: int,
+    known: int,
+    forecast: float | None = None,
+    nodes=None,
+    p90=0.3,
+    last: float | None = None,
+):
     """A partition's hotness as partition_hotness would say it."""
     frac = hot / known if known else 0.0
     nodes = known if nodes is None else nodes
@@ -60,12 +68,13 @@ def ph(name: str, hot: int, known: int, forecast: float | None = None, nodes=Non
         else "normal"
     )
     fc = frac if forecast is None else forecast
-    return PartitionHotness(name, nodes, known, hot, frac, p90 / 2, p90, 0.0, fc, state)
+    last = p90 / 2 if last is None else last
+    return PartitionHotness(name, nodes, known, hot, frac, p90 / 2, p90, 0.0, fc, state, last)
 
 
-def hotness(stateless_hot: int, stateless_known: int = 10, p90: float = 0.3, **extra):
+def hotness(stateless_hot: int, stateless_known: int = 10, p90: float = 0.3, last=None, **extra):
     out = {
-        STATELESS: ph(STATELESS, stateless_hot, stateless_known, p90=p90),
+        STATELESS: ph(STATELESS, stateless_hot, stateless_known, p90=p90, last=last),
         BATCH: ph(BATCH, 0, 10),
     }
     out.update(extra)
@@ -134,6 +143,50 @@ def test_forecast_borrows_before_it_is_hot_and_can_be_turned_off():
     assert d.moves == () and "dead band" in d.why
 
 
+def test_spike_borrows_at_once_past_dwell_and_rate_limits_sized_from_the_load_now():
+    """More than spike_fraction hot now: a spike outran the rate-limited moves. Borrow
+    at once, no dwell, past nodes_per_move, max_draining, per-zone and hourly limits,
+    enough to bring the load now (not the window's p90) to the busy line; the
+    invariants still hold."""
+    cfg = dataclasses.replace(CFG, spike_fraction=0.9)
+    nodes = [fact(f"b{i:02d}", zone=f"z{i % 2}") for i in range(60)]
+    nodes += [fact("pinned", non_preemptible=True), fact("cool", last_moved=T0 - 10)]
+    spent = ControllerState(recent_moves=tuple((f"old{i}", T0 - 60) for i in range(120)))
+    spike = hotness(20, 20, p90=1.0, last=0.98)  # 100 % hot, busy 0.98 now, line 0.7
+    d = decide(cfg, nodes, spike, spent, T0)  # hot for 0 s, the hour's moves spent
+    assert len(d.moves) == 8  # 20 x 0.98 / 0.7 = 28: 8 more nodes
+    assert {m.node_id for m in d.moves}.isdisjoint({"pinned", "cool"})
+    assert "spike (100% hot > spike_fraction 90%, busy now 0.98)" in d.moves[0].reason
+    assert d.moves[0].reason.startswith("stateless hot: ")
+    coming = [dataclasses.replace(n, desired=STATELESS) for n in nodes[:8]]
+    d = decide(cfg, coming + nodes[8:], spike, d.state, T0 + 10)
+    assert d.moves == () and "8 nodes already on their way" in d.why  # no more
+    higher = hotness(20, 20, p90=1.0, last=1.0)  # the load still rising: top up
+    assert len(decide(cfg, coming + nodes[8:], higher, d.state, T0 + 10).moves) == 1
+    # 90 % is not more than 90 %: the ordinary, rate-limited rule
+    d = decide(cfg, nodes, hotness(18, 20, p90=1.0, last=0.98), ControllerState(), T0)
+    assert d.moves == () and "for 0 s of 20 s" in d.why
+    d = decide(cfg, nodes, hotness(19, 20, p90=1.0, last=0.98), ControllerState(), T0)
+    assert "spike" in d.why and len(d.moves) == 8
+    # a minimum still holds
+    tight = dataclasses.replace(
+        cfg, partitions=(PartitionSpec(STATELESS), PartitionSpec(BATCH, min_nodes=57))
+    )
+    assert len(decide(tight, nodes, spike, spent, T0).moves) == 5  # 62 in batch, keep 57
+
+
+def test_when_cold_stateless_lends_its_own_nodes_after_the_borrowed_ones():
+    nodes = [fact("own1", STATELESS, zone="a", p90=0.05), fact("own2", STATELESS, p90=0.02)]
+    nodes += [fact("lent", STATELESS, home=BATCH, zone="b", p90=0.2)]
+    cfg = dataclasses.replace(
+        CFG, partitions=(PartitionSpec(STATELESS, min_nodes=1), PartitionSpec(BATCH))
+    )
+    d = decide(cfg, nodes, hotness(0, 3, p90=0.0), COLD_LONG, T0)  # 3 could go; min 1
+    assert [(m.node_id, m.target) for m in d.moves] == [("lent", BATCH), ("own2", BATCH)]
+    assert "return to batch" in d.moves[0].reason and "lend to batch" in d.moves[1].reason
+    assert "stateless at min_nodes" in d.why and "give back 2 (1 borrowed)" in d.why
+
+
 def test_59_percent_hot_does_not_borrow_61_percent_does():
     cfg = dataclasses.replace(CFG, forecast=False, borrow_after_s=0.0)
     nodes = [fact(f"b{i}") for i in range(50)]
@@ -145,7 +198,7 @@ def test_59_percent_hot_does_not_borrow_61_percent_does():
 
 def test_returns_coldest_borrowed_nodes_spread_across_zones():
     nodes = [
-        fact("s-own", STATELESS, p90=0.01),  # never lent: stays
+        fact("s-own", STATELESS, p90=0.01),  # never lent: lent to batch after the borrowed
         fact("a1", STATELESS, home=BATCH, zone="a", p90=0.10),
         fact("a2", STATELESS, home=BATCH, zone="a", p90=0.11),
         fact("a3", STATELESS, home=BATCH, zone="a", p90=0.12),
@@ -166,7 +219,7 @@ def test_returns_coldest_borrowed_nodes_spread_across_zones():
     assert [m.node_id for m in d.moves if m.node_id.startswith("c")] == ["c1", "c3", "c2"]
 
 
-def test_return_slowly_dwell_and_only_the_excess():
+def test_return_after_a_dwell_then_each_interval_only_the_excess():
     nodes = [fact(f"s{i}", STATELESS, home=BATCH, zone=f"z{i % 3}") for i in range(10)]
     cold = hotness(3, 10)  # 30 %: cold; giving back m leaves 3 / (10 - m) <= 0.5: m <= 4
     d = decide(CFG, nodes, cold, ControllerState(), T0)
@@ -175,7 +228,14 @@ def test_return_slowly_dwell_and_only_the_excess():
     assert d.moves == ()
     d = decide(CFG, nodes, cold, d.state, T0 + 600)
     assert len(d.moves) == 4
-    assert decide(CFG, nodes, cold, d.state, T0 + 610).moves == ()  # the dwell again
+    first = {m.node_id for m in d.moves}
+    # still cold at the next interval: more go (the first four are cooling down)
+    d = decide(CFG, nodes, cold, d.state, T0 + 610)
+    assert len(d.moves) == 4 and first.isdisjoint(m.node_id for m in d.moves)
+    d = decide(CFG, nodes, hotness(5, 10), d.state, T0 + 620)  # the dead band: none
+    assert d.moves == ()
+    d = decide(CFG, nodes, cold, d.state, T0 + 630)  # cold again: a whole dwell first
+    assert d.moves == () and "for 0 s of 600 s" in d.why
 
 
 def test_returns_to_a_virtual_home_and_to_batch_when_the_home_is_gone():
@@ -236,7 +296,8 @@ def test_min_nodes_and_protected_partitions():
             PartitionSpec(BATCH, min_nodes=3),
             PartitionSpec("batch/critical", protected=True),
             PartitionSpec("batch/spot", min_nodes=1),
-        )
+        ),
+        spike_fraction=1.0,
     )
     nodes = (
         [fact(f"b{i}") for i in range(4)]
@@ -380,6 +441,7 @@ def situations(draw):
         moves_per_hour=draw(st.integers(1, 30)),
         max_draining=draw(st.integers(1, 8)),
         max_draining_per_zone=draw(st.integers(1, 4)),
+        spike_fraction=draw(st.sampled_from([1.0, 0.9])),
         forecast=draw(st.booleans()),
         borrow_after_s=draw(st.sampled_from([0.0, 20.0])),
         return_after_s=draw(st.sampled_from([0.0, 600.0])),
@@ -443,15 +505,18 @@ def test_every_decision_keeps_the_invariants(situation, shuffle):
     by_id = {n.node_id: n for n in nodes}
     moved = [by_id[m.node_id] for m in d.moves]
     assert len({m.node_id for m in d.moves}) == len(d.moves)
-    assert len(d.moves) <= cfg.nodes_per_move
-    recent = [t for _, t in state.recent_moves if t > T0 - 3600]
-    assert len(recent) + len(d.moves) <= max(cfg.moves_per_hour, len(recent))
+    spike = hot[STATELESS].hot_fraction > cfg.spike_fraction and "spike" in d.why
+    assert spike or "spike" not in d.why  # only a spike skips the rate limits
     in_flight = [n for n in nodes if n.desired != n.partition or n.draining]
-    assert len(in_flight) + len(d.moves) <= max(cfg.max_draining, len(in_flight))
-    for zone in "abc":
-        before = sum(1 for n in in_flight if n.zone == zone)
-        now = sum(1 for n in moved if n.zone == zone)
-        assert before + now <= max(cfg.max_draining_per_zone, before)
+    if not spike:
+        assert len(d.moves) <= cfg.nodes_per_move
+        recent = [t for _, t in state.recent_moves if t > T0 - 3600]
+        assert len(recent) + len(d.moves) <= max(cfg.moves_per_hour, len(recent))
+        assert len(in_flight) + len(d.moves) <= max(cfg.max_draining, len(in_flight))
+        for zone in "abc":
+            before = sum(1 for n in in_flight if n.zone == zone)
+            now = sum(1 for n in moved if n.zone == zone)
+            assert before + now <= max(cfg.max_draining_per_zone, before)
     last = {}
     for nid, t in state.recent_moves:
         last[nid] = max(t, last.get(nid, t))
@@ -463,7 +528,10 @@ def test_every_decision_keeps_the_invariants(situation, shuffle):
         assert n.last_moved == 0 or T0 - n.last_moved >= cfg.cooldown_s
         assert T0 - last.get(n.node_id, -1e9) >= cfg.cooldown_s
         assert m.source == n.partition and m.reason
-        assert m.target == STATELESS or (n.partition == STATELESS and n.home)
+        # to stateless, or from it: home if lent from a configured lender, else batch
+        assert m.target == STATELESS or (
+            n.partition == STATELESS and m.target in (n.home if n.home else BATCH, BATCH)
+        )
     before, after = (
         _desired_counts(nodes),
         _desired_counts(
@@ -618,7 +686,14 @@ def test_hysteresis_borrow_fast_return_slowly():
     run(hotness(0, 10), 900)
     returns = sorted({lt for lt, target in log if target == BATCH})
     assert returns and returns[0] == cold_from + CFG.return_after_s
-    assert all(b - a >= CFG.return_after_s for a, b in zip(returns, returns[1:], strict=False))
+    # after that first return, the rest follow each interval (the rate limits and the
+    # cool-down hold them), none back within its cool-down of its borrow
+    assert returns[1] - returns[0] == CFG.interval_s
+    borrowed_at = {}
+    for lt, target in log:
+        if target == STATELESS:
+            borrowed_at.setdefault(lt, 0)
+    assert min(returns) - max(borrowed_at) >= CFG.cooldown_s
 
 
 def test_return_never_makes_it_hot_again():
