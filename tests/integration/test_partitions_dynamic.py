@@ -21,7 +21,13 @@ from nats.js.api import DeliverPolicy
 from agent.hollow import GiB, Inventory
 from mesh import subjects
 from mesh.codec import decode
-from mesh.schema import LogEntry, NodePartitionChanged, NodePartitionSet, PartitionApplyRequest
+from mesh.schema import (
+    BreakGlassEnded,
+    LogEntry,
+    NodePartitionChanged,
+    NodePartitionSet,
+    PartitionApplyRequest,
+)
 
 from .conftest import cli_env, eventually, leader_is, run_mesh
 
@@ -97,10 +103,16 @@ def batch_job(name: str, count: int, seconds: float, stop_s: float = 0.0) -> dic
 
 
 def service_job(
-    origin: float, high_s: float | None, count: int = 2, cpu: int = 4, name: str = "web"
+    origin: float,
+    high_s: float | None,
+    count: int = 2,
+    cpu: int = 4,
+    name: str = "web",
+    labels: dict[str, str] | None = None,
 ) -> dict:
     """`count` replicas of `cpu` cores, each keeping 4 cores 95 % busy until `high_s`
-    after `origin`, then 5 % (None: for good): stateless goes hot, then cold."""
+    after `origin`, then 5 % (None: for good): stateless goes hot, then cold. `labels`:
+    the nodes it may run on."""
     if high_s is None:
         load = {"curve": "flat", "peak": 0.95}
     else:
@@ -108,6 +120,7 @@ def service_job(
     return {
         "name": name,
         "kind": "service",
+        **({"placement": {"labels": labels}} if labels else {}),
         "tasks": [
             {
                 "role": "replica",
@@ -321,7 +334,7 @@ async def test_the_controller_holds_off_during_break_glass_and_resumes_after_res
         return (await partitions(client))["stateless"]["hotness"]["state"] == state
 
     # 3 of 4 cores of each service node, kept 95 % busy for high_s: stateless goes hot
-    high_s = 10.0
+    high_s = 8.0
     origin = round(time.time(), 3)
     await client.submit(service_job(origin, high_s, cpu=3))
     await eventually(lambda: stateless_is("hot"), timeout=high_s)
@@ -337,7 +350,8 @@ async def test_the_controller_holds_off_during_break_glass_and_resumes_after_res
     assert r.returncode == 0 and "break-glass to stateless: 1 nodes, by oncall" in r.stdout
 
     # in force: stateless hot (2 of its 3 nodes) past the borrow dwell, then cold past
-    # the return dwell and the glass node's cool-down; the controller moves nothing
+    # the return dwell and the glass node's cool-down, then hot again (a second service
+    # on the service nodes): the controller moves nothing
     seen: list[str] = []
 
     async def cold_long_enough():
@@ -348,6 +362,8 @@ async def test_the_controller_holds_off_during_break_glass_and_resumes_after_res
     await eventually(cold_long_enough, timeout=high_s + 30, interval=0.5)
     assert "hot" in seen and seen[-1] == "cold", seen
     assert time.time() - glass_at > HELD_BORROW_S
+    await client.submit(service_job(origin, None, cpu=1, name="web2", labels=WEB))
+    await eventually(lambda: stateless_is("hot"), timeout=15)
     assert [m for m in tap.moves() if not m.break_glass] == []
     assert [m.node_id for m in tap.moves() if m.break_glass] == [glass]
 
@@ -355,7 +371,6 @@ async def test_the_controller_holds_off_during_break_glass_and_resumes_after_res
     r = await mesh("partition", "restore", "--reason", "fixed")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("stateless -> batch") == 1 and glass in r.stdout
-    restored_at = time.time()
     await eventually(lambda: len(tap.flips(glass)) == 2, timeout=10)
     (back,) = tap.moves(glass)[1:]
     assert (back.source, back.desired, back.break_glass) == ("stateless", "batch", False)
@@ -365,12 +380,15 @@ async def test_the_controller_holds_off_during_break_glass_and_resumes_after_res
     r = await mesh("partition", "list")
     assert r.returncode == 0 and "break-glass: none" in r.stdout
 
-    # the controller is at work again: a new service makes stateless hot, it borrows
-    await client.submit(service_job(origin, None, cpu=1, name="web2"))
+    # the controller is at work again, stateless still hot: it borrows, once it has
+    # seen it hot for its whole dwell from the restore on (its timers were held)
+    (ended,) = [ev for _, ev in tap.events(BreakGlassEnded)]
 
     async def borrowed():
-        return [m for m in tap.moves() if m.ts > restored_at and not m.break_glass and
-                m.reason.startswith("stateless hot: ")]  # fmt: skip
+        return [m for m in tap.moves() if m.ts > ended.ts and m.reason.startswith("stateless ")]
 
-    lent = await eventually(borrowed, timeout=30)
-    assert all(m.source == "batch" and m.node_id.startswith("bat-") for m in lent), lent
+    lent = await eventually(borrowed, timeout=20)
+    for m in lent:
+        assert m.reason.startswith("stateless hot: ") and "borrow from batch" in m.reason, m
+        assert m.source == "batch" and m.node_id.startswith("bat-"), m
+        assert m.ts >= ended.ts + HELD_BORROW_S, (m.ts - ended.ts, m.reason)
