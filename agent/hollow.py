@@ -42,7 +42,9 @@ One fleet process carries thousands of nodes (a 2-core machine: 1,000 comfortabl
   dropped after `SEEN_TTL_S`, far longer than the consumer's ack wait (30 s) and the
   stream's duplicate window (120 s).
 - A simulated run is a timer (`loop.call_later`), not a task: thousands at once cost
-  little. A kill cancels the timer and reports KILLED.
+  little. A kill cancels the timer and reports KILLED: at once, or after the run's
+  `simulate.stop` (at most the kill's grace period), the time a process handling
+  SIGTERM takes to stop, which drains and preemptions then wait for.
 - Heartbeats: one NodeState per node per period on `mesh.<r>.state.<node>`, spread
   evenly over the period in ticks of `HEARTBEAT_TICK_S` (a 5,000-node fleet sends 250
   every 50 ms, not 5,000 at once). The parts of a node's state that never change are
@@ -418,6 +420,9 @@ class HollowNode:
     curves: dict[tuple[str, int], tuple[LoadCurve, float]] | None = field(default=None, repr=False)
     _flat_milli: int = field(default=0, repr=False)
     _busy_packed: tuple[bytes, bytes] | None = field(default=None, repr=False)
+    # runs that take time to stop once killed (`simulate.stop`): seconds; and those stopping
+    stop_s: dict[tuple[str, int], float] | None = field(default=None, repr=False)
+    stopping: set[tuple[str, int]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = self.inventory.gpus
@@ -531,6 +536,10 @@ class HollowNode:
     ) -> None:
         self.running[key] = timer
         self._count_cpu(key, spec)
+        if spec.simulate is not None and spec.simulate.stop_s > 0:
+            if self.stop_s is None:
+                self.stop_s = {}
+            self.stop_s[key] = spec.simulate.stop_s
         if spec.resources.gpu and self.inventory.gpus:
             grant = self._grant(spec)
             if grant:
@@ -546,6 +555,10 @@ class HollowNode:
         """Forget a run (its timer is returned, not cancelled) and release its GPUs and
         the CPU it kept busy."""
         self._uncount_cpu(key)
+        if self.stop_s:
+            self.stop_s.pop(key, None)
+        if self.stopping:
+            self.stopping.discard(key)
         grant = self.grants.pop(key, None) if self.grants else None
         if grant:
             for i, milli, mem in grant:
@@ -553,6 +566,21 @@ class HollowNode:
                 self._gpu_mem[i] -= mem
             self._gpus_packed = None
         return self.running.pop(key, None)
+
+    def begin_stop(self, key: tuple[str, int], grace_s: float) -> float | None:
+        """A kill of a run: how long it takes to stop (its `simulate.stop`, at most the
+        kill's grace period, as SIGKILL ends a real process's grace); None when there is
+        nothing to stop or it is stopping already (a repeated kill changes nothing); 0:
+        at once."""
+        if key not in self.running or (self.stopping and key in self.stopping):
+            return None
+        stop = min(self.stop_s.get(key, 0.0) if self.stop_s else 0.0, max(0.0, grace_s))
+        if stop <= 0:
+            return 0.0
+        if self.stopping is None:
+            self.stopping = set()
+        self.stopping.add(key)
+        return stop
 
     def drop_all(self) -> list[tuple[str, int]]:
         """Every run stops, unreported (a reboot): their keys."""
@@ -562,6 +590,7 @@ class HollowNode:
         self.running.clear()
         self.owed = None
         self.flat_cpu = self.curves = None
+        self.stop_s = self.stopping = None
         self._flat_milli = 0
         self._busy_packed = None
         if self.grants:
@@ -881,12 +910,7 @@ class HollowFleet:
     def _act(self, node: HollowNode, a: Assignment) -> None:
         key = (a.task_id, a.attempt)
         if a.kind == "kill":
-            timer = node.end_run(key)
-            if timer is not None:
-                timer.cancel()
-                self.counts["kills"] += 1
-                self._report(node, a, TaskState.KILLED, message="killed")
-                self._end(node, key)
+            self._kill(node, a, key)
             return
         if key in node.seen:
             self.counts["duplicates"] += 1
@@ -911,6 +935,31 @@ class HollowFleet:
         else:
             timer = asyncio.get_running_loop().call_later(duration, self._finish, node, a)
         node.start_run(key, a.spec, timer)
+
+    def _kill(self, node: HollowNode, a: Assignment, key: tuple[str, int]) -> None:
+        """Stop a run: at once, or, for one whose spec takes `simulate.stop` to stop,
+        after that long within the kill's grace period (a process handling SIGTERM):
+        meanwhile it still runs, busy and holding what it was given, so a drain waits
+        for it as for a real one. Either way it ends KILLED."""
+        stop = node.begin_stop(key, a.grace_s)
+        if stop is None:
+            return
+        if stop > 0:
+            node.running[key].cancel()  # its own end: it is stopping now
+            node.running[key] = asyncio.get_running_loop().call_later(
+                stop, self._killed, node, a, key
+            )
+            return
+        self._killed(node, a, key)
+
+    def _killed(self, node: HollowNode, a: Assignment, key: tuple[str, int]) -> None:
+        timer = node.end_run(key)
+        if timer is None:
+            return
+        timer.cancel()
+        self.counts["kills"] += 1
+        self._report(node, a, TaskState.KILLED, message="killed")
+        self._end(node, key)
 
     def _refuse(
         self, node: HollowNode, a: Assignment, key: tuple[str, int], exc: AssignmentRefused

@@ -134,7 +134,7 @@ class Leader:
         self._sending: set[asyncio.Task[None]] = set()
         self._sent_again: set[tuple[str, int]] = set()  # resent once after a doubted refusal
         # Partition moves: TTLs of break-glass, and the controller once it is wired in.
-        self.partitions = PartitionLoop(self, decide=coord.controlling)
+        self.partitions = PartitionLoop(self, decide=coord.controlling, hold=coord.controlling.hold)
 
     async def start(self) -> None:
         """Catch up with the log, then claim it with a fenced LeaderElected entry."""

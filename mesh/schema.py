@@ -26,7 +26,7 @@ from workloads.lifecycle import TaskState
 from workloads.load import LOAD_FIELDS, LoadCurve, check_load
 from workloads.quantity import SpecError
 from workloads.resources import Resources
-from workloads.spec import MAX_SOURCE_BYTES, SimulatedRun
+from workloads.spec import MAX_SOURCE_BYTES, MAX_STOP_S, SimulatedRun
 
 __all__ = [
     "WireError",
@@ -115,8 +115,12 @@ def _simulated_run(x: Any, path: str) -> SimulatedRun:
         duration = float(duration)
     if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
         raise WireError(f"{path}.exit_code", "expected an integer in [0, 255]")
+    stop = x.get("stop_s", 0.0)
+    if isinstance(stop, bool) or not isinstance(stop, (int, float)) or not 0 <= stop <= MAX_STOP_S:
+        raise WireError(f"{path}.stop_s", f"expected a number of seconds in [0, {MAX_STOP_S:g}]")
     load = x.get("load")
-    return SimulatedRun(duration, code, None if load is None else _load(load, f"{path}.load"))
+    load = None if load is None else _load(load, f"{path}.load")
+    return SimulatedRun(duration, code, load, float(stop))
 
 
 _LOAD_ATTRS = frozenset(LOAD_FIELDS.values())

@@ -43,6 +43,7 @@ __all__ = [
     "MAX_ENV_BYTES",
     "MAX_ENV_ENTRIES",
     "MAX_EXIT_CODE",
+    "MAX_STOP_S",
     "MAX_LABELS",
     "MAX_LABEL_KEY_LEN",
     "MAX_LABEL_VALUE_LEN",
@@ -134,7 +135,8 @@ MAX_BACKOFF_S = 86400.0  # a restart backoff (or its cap) of at most a day
 MAX_HEALTH_INTERVAL_S = 3600.0
 MIN_HEALTH_INTERVAL_S = 0.1  # a check every 100 ms at most: each one is a process
 MAX_HEALTH_COUNT = 100  # healthy_after / unhealthy_after
-_SIMULATE_FIELDS = ("duration", "exit_code", "load")
+_SIMULATE_FIELDS = ("duration", "exit_code", "load", "stop")
+MAX_STOP_S = 3600.0  # as a kill's grace period (Assignment.grace_s) may be at most
 FOREVER = "forever"  # simulate.duration of a run that lasts until it is killed
 _PLACEMENT_FIELDS = ("labels", "strategy", "spread_by", "anti_affinity", "gpu_isolation", "gang")
 STRATEGIES = ("binpack", "spread", "pack")
@@ -153,11 +155,14 @@ class SimulatedRun:
     whole scheduler without starting processes. ``duration_s`` None (``duration:
     forever``) runs until it is killed, as a service replica does. ``load`` is the CPU it
     keeps busy meanwhile (workloads.load); None: its cpu request, at the hollow node's
-    default fraction."""
+    default fraction. ``stop_s`` is how long it takes to stop once killed (a process
+    that handles SIGTERM, as a checkpointing batch task does), never past the kill's
+    grace period; 0: at once."""
 
     duration_s: float | None
     exit_code: int = 0
     load: LoadCurve | None = None
+    stop_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,6 +363,8 @@ def _group_to_dict(group: TaskGroup) -> dict[str, Any]:
             out["simulate"] = {"duration": float(sim.duration_s), "exit_code": sim.exit_code}
         if sim.load is not None:
             out["simulate"]["load"] = load_to_dict(sim.load)
+        if sim.stop_s:
+            out["simulate"]["stop"] = float(sim.stop_s)
     if group.workdir is not None:
         out["workdir"] = group.workdir
     return out
@@ -990,10 +997,13 @@ def _simulate(value: object, path: str) -> SimulatedRun:
             f"{path}.duration", f"required (a duration, or {FOREVER!r} to run until killed)"
         )
     load = parse_load(f["load"], f"{path}.load") if "load" in f else None
+    stop = parse_duration(f["stop"], f"{path}.stop") if "stop" in f else 0.0
+    if stop > MAX_STOP_S:
+        raise SpecError(f"{path}.stop", f"at most {MAX_STOP_S:g}s (a kill's longest grace period)")
     if f["duration"] == FOREVER:
         if "exit_code" in f:
             raise SpecError(f"{path}.exit_code", f"a run of duration {FOREVER!r} never exits")
-        return SimulatedRun(duration_s=None, load=load)
+        return SimulatedRun(duration_s=None, load=load, stop_s=stop)
     duration = parse_duration(f["duration"], f"{path}.duration")
     exit_code = _int(f.get("exit_code", 0), f"{path}.exit_code", 0, MAX_EXIT_CODE)
-    return SimulatedRun(duration_s=duration, exit_code=exit_code, load=load)
+    return SimulatedRun(duration_s=duration, exit_code=exit_code, load=load, stop_s=stop)

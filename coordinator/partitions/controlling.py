@@ -72,6 +72,15 @@ class Controlling:
         }
         return per_node, hotness
 
+    def hold(self) -> None:
+        """The controller is not being asked (a break-glass is in force): what it saw
+        before counts for no dwell after. Its hot and cold timers start again when it is
+        next asked, as after a freeze; without this, the first decision after a restore
+        took `hot_since`/`cold_since` from before the break-glass as if the partition had
+        stayed so all along unseen, and borrowed or returned at once, just after the
+        restore's own moves. Its recent moves (the hourly rate limit) are kept."""
+        self.state = dataclasses.replace(self.state, hot_since=(), cold_since=())
+
     def __call__(
         self, cfg: PartitionsConfig, facts: Sequence[NodeFacts], now: float
     ) -> tuple[Sequence[Move], str]:

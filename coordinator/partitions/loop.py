@@ -7,7 +7,9 @@ reconcile round (`drain.py`).
 why): the leader passes its coordinator's `Controlling` (hotness windows and the
 controller's memory around the pure `controller.decide`). The controller is asked only
 in a region split into partitions (`Membership.divided`), and not while a break-glass
-is in force: the operator's word stands until restore or the TTL.
+is in force: the operator's word stands until restore or the TTL, and `hold` (the
+`Controlling`'s) is called each interval meanwhile, so the controller's dwell timers
+start again once it is asked after the break-glass ends.
 """
 
 from __future__ import annotations
@@ -33,9 +35,15 @@ Decide = Callable[[PartitionsConfig, Sequence[NodeFacts], float], tuple[Sequence
 
 
 class PartitionLoop:
-    def __init__(self, leader: Leader, decide: Decide | None = None) -> None:
+    def __init__(
+        self,
+        leader: Leader,
+        decide: Decide | None = None,
+        hold: Callable[[], None] | None = None,
+    ) -> None:
         self.leader = leader
         self.decide = decide
+        self.hold = hold
         self.last_why = ""
 
     async def run(self) -> None:
@@ -53,6 +61,8 @@ class PartitionLoop:
         m = state.partitions
         events = []
         if m.glass is not None:
+            if self.hold is not None:
+                self.hold()
             if m.glass.until_ts and now >= m.glass.until_ts:
                 events = restore_events(state, "its TTL ran out", now)
                 log.info("break-glass to %s ended: its TTL ran out", m.glass.to)

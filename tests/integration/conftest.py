@@ -48,6 +48,22 @@ def run_mesh(
     )
 
 
+def cli_env(tmp_path: Path) -> dict[str, str]:
+    """The environment a `mesh` CLI child runs in: no MESH_* settings of whoever runs
+    the suite, a home of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESH_")}
+    env["MESH_HOME"] = str(tmp_path / "home")
+    return env
+
+
+async def leader_is(client: MeshClient, cid: str) -> bool:
+    """Whether candidate `cid` leads now (False while no one answers)."""
+    try:
+        return (await client.cluster_info())["leader"] == cid
+    except Exception:
+        return False
+
+
 class Region:
     """Components started in-process against one real nats-server."""
 

@@ -122,9 +122,13 @@ class Harness:
             config=ConsumerConfig(ack_wait=5.0),
         )
 
-    async def assign(self, node_id: str, task_id: str, *, attempt=1, kind="run", spec=None):
+    async def assign(
+        self, node_id: str, task_id: str, *, attempt=1, kind="run", spec=None, grace_s=5.0
+    ):
         self._n += 1  # a fresh message id: the server must not de-duplicate the resends
-        a = Assignment(kind, node_id, "job-1", task_id, attempt, 1, time.time(), spec)
+        a = Assignment(
+            kind, node_id, "job-1", task_id, attempt, 1, time.time(), spec, grace_s=grace_s
+        )
         await self.js.publish(
             subjects.assign(REGION, node_id),
             encode(a),
@@ -146,8 +150,8 @@ class Harness:
         return [str(e.state) for e in self.events if e.task_id == task_id]
 
 
-def sim(duration: float, exit_code: int = 0) -> TaskSpec:
-    return TaskSpec(simulate=SimulatedRun(duration, exit_code))
+def sim(duration: float | None, exit_code: int = 0, stop_s: float = 0.0) -> TaskSpec:
+    return TaskSpec(simulate=SimulatedRun(duration, exit_code, stop_s=stop_s))
 
 
 async def test_redelivered_assignment_never_runs_twice_and_commands_are_refused(region):
@@ -190,6 +194,44 @@ async def test_redelivered_assignment_never_runs_twice_and_commands_are_refused(
     assert {e.node_id for e in h.events if e.task_id == "t-sim"} == {"hollow-0001"}
     assert fleet.counts["duplicates"] == 2
     assert not fleet.nodes["hollow-0004"].running
+
+
+async def test_a_run_that_takes_time_to_stop_stops_within_the_kills_grace(region):
+    h = Harness(region.nc)
+    fleet = await region.fleet(2)
+    await h.start()
+    slow = TaskSpec(resources=Resources(cpu=1000), simulate=SimulatedRun(300.0, stop_s=1.5))
+    await h.assign("hollow-0000", "t-slow", spec=slow)
+    await h.assign("hollow-0001", "t-capped", spec=sim(None, stop_s=600.0))
+
+    async def running():
+        await h.drain()
+        return "RUNNING" in h.states("t-slow") and "RUNNING" in h.states("t-capped")
+
+    await eventually(running)
+    killed_at = time.monotonic()
+    await h.assign("hollow-0000", "t-slow", kind="kill")
+    await h.assign("hollow-0001", "t-capped", kind="kill", grace_s=0.5)  # SIGKILL's time
+    await asyncio.sleep(0.2)
+    await h.assign("hollow-0000", "t-slow", kind="kill")  # again: changes nothing
+    await asyncio.sleep(0.5)
+    node = fleet.nodes["hollow-0000"]
+    # still stopping: it runs, is busy, and has not been reported stopped
+    assert ("t-slow", 1) in node.running and node.busy_at(time.time())[1] == 1.0
+    assert node.live_tasks() == ["t-slow#1"]
+
+    async def killed():
+        await h.drain()
+        return "KILLED" in h.states("t-slow") and "KILLED" in h.states("t-capped")
+
+    await eventually(killed, timeout=10)
+    assert time.monotonic() - killed_at >= 1.5
+    await asyncio.sleep(0.3)
+    await h.drain()
+    assert h.states("t-slow") == h.states("t-capped") == ["RUNNING", "KILLED"]
+    assert fleet.counts["kills"] == 2
+    assert not node.running and not node.stopping and not node.stop_s
+    assert node.busy_at(time.time())[1] == 0.0
 
 
 async def test_assignment_for_another_node_is_refused(region):

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 from agent.hollow import GiB, Inventory
 from mesh.cli.render import job_detail
 from mesh.schema import PartitionMoveRequest
 
-from .conftest import eventually, run_mesh
+from .conftest import cli_env, eventually, leader_is, run_mesh
 
 ONE_NODE = [Inventory(4, 8 * GiB)]
 
@@ -84,7 +83,7 @@ async def test_a_manual_move_preempts_requeues_and_flips(region):
 async def test_a_new_leader_finishes_a_move_the_dead_one_started(region, procs):
     p1 = procs(region.url, "coordinator", "--id", "p1", name="p1")
     client = region.client
-    await eventually(lambda: _leader_is(client, "p1"), timeout=20)
+    await eventually(lambda: leader_is(client, "p1"), timeout=20)
     procs(region.url, "coordinator", "--id", "p2", name="p2")
     await region.fleet(1, inventories=ONE_NODE)
     await region.ready(1)
@@ -103,7 +102,7 @@ async def test_a_new_leader_finishes_a_move_the_dead_one_started(region, procs):
     req = PartitionMoveRequest(("hollow-0000",), "stateless", "leader drill", "tester")
     await client.request("partition.move", req, retries=20)
     p1.kill9()  # the move is in the log; its drain waits for the pinned task
-    await eventually(lambda: _leader_is(client, "p2"), timeout=30)
+    await eventually(lambda: leader_is(client, "p2"), timeout=30)
 
     async def flipped():
         n = await node_row(client, "hollow-0000")
@@ -114,13 +113,6 @@ async def test_a_new_leader_finishes_a_move_the_dead_one_started(region, procs):
     assert_ran_once_each(await client.wait(batch, timeout=90), "hollow-0000")
 
 
-async def _leader_is(client, cid: str) -> bool:
-    try:
-        return (await client.cluster_info())["leader"] == cid
-    except Exception:
-        return False
-
-
 async def test_break_glass_and_restore_through_the_cli(region, tmp_path):
     await region.coordinator()
     await region.fleet(3, inventories=ONE_NODE * 3)
@@ -128,8 +120,7 @@ async def test_break_glass_and_restore_through_the_cli(region, tmp_path):
     client = region.client
     job_id = await client.submit(batch_job("bg", 2, 8.0))
     await eventually(lambda: _running(client, job_id, 2), timeout=20)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MESH_")}
-    env["MESH_HOME"] = str(tmp_path / "home")
+    env = cli_env(tmp_path)
     cli = ("--nats", region.url, "--insecure", "--user", "oncall")
 
     async def mesh(*args: str):  # off the loop: the coordinator answering it runs on it

@@ -160,6 +160,7 @@ simulated_run = st.builds(
     duration_s=st.none() | floats(0.0, 365 * 86400.0),
     exit_code=ints(0, 255),
     load=st.none() | load_curve,
+    stop_s=st.just(0.0) | floats(0.0, 3600.0),
 )
 
 health_probe = st.builds(
@@ -703,6 +704,8 @@ def test_top_level_must_be_a_map():
             "spec.simulate.exit_code",
         ),
         (Assignment, assign(spec={"simulate": {"load": 0.5}}), "spec.simulate.load"),
+        (Assignment, assign(spec={"simulate": {"stop_s": "3s"}}), "spec.simulate.stop_s"),
+        (Assignment, assign(spec={"simulate": {"stop_s": 3601}}), "spec.simulate.stop_s"),
         (
             Assignment,
             assign(spec={"simulate": {"load": {"curve": "sawtooth"}}}),

@@ -83,3 +83,44 @@ def test_windows_of_nodes_gone_from_the_region_are_dropped():
         c.observe(beat(node_id, 50.0, 100.0), 100.0, cfg.window_s, "batch")
     c.measure(cfg, [facts("a", "batch")], 101.0)
     assert "a" in c.windows and "b" not in c.windows
+
+
+def _hot_stateless(asked_in: range, hold: bool) -> list[tuple[int, list[str], str]]:
+    """Stateless hot from 0 s to 50 s, beats each second, and the controller asked every
+    10 s in `asked_in`; elsewhere (a break-glass in force) not asked, and held if
+    `hold`. Its decisions: (time, nodes moved, why)."""
+    cfg = PartitionsConfig(window_s=10.0, stale_after_s=30.0, busy_line=0.7, borrow_after_s=20.0)
+    nodes = [facts("s1", "stateless"), facts("s2", "stateless"), facts("b1", "batch")]
+    c = Controlling()
+    decisions = []
+    for t in range(51):
+        for n, busy, partition in (
+            ("s1", 100.0, "stateless"),
+            ("s2", 100.0, "stateless"),
+            ("b1", 5.0, "batch"),
+        ):
+            c.observe(beat(n, busy, float(t)), float(t), cfg.window_s, partition)
+        if t not in asked_in:
+            if hold:
+                c.hold()
+        elif t % 10 == 0:
+            moves, why = c(cfg, nodes, float(t))
+            decisions.append((t, [m.node_id for m in moves], why))
+    return decisions
+
+
+def test_a_hold_starts_the_dwell_again():
+    """While a break-glass is in force the controller is not asked; asked again, it must
+    see stateless hot for a whole `borrow_after_s` from then, not from before."""
+    glass = [t for t in range(51) if not 1 <= t <= 29]  # a break-glass from 1 s to 29 s
+    asked = range(0, 51)
+    assert [(t, moved) for t, moved, _ in _hot_stateless(asked, hold=True)][:3] == [
+        (0, []),
+        (10, []),
+        (20, ["b1"]),  # never held: hot for 20 s, it borrows
+    ]
+    held = _hot_stateless(glass, hold=True)
+    assert [(t, moved) for t, moved, _ in held] == [(0, []), (30, []), (40, []), (50, ["b1"])]
+    assert "hot: " in held[1][2] and "for 0 s of 20 s" in held[1][2], held[1][2]
+    # unheld, the first decision after the break-glass took the dwell from before it
+    assert _hot_stateless(glass, hold=False)[1][:2] == (30, ["b1"])

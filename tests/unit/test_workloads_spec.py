@@ -168,6 +168,14 @@ def test_simulate_without_command():
     assert spec.tasks[0].command == ()
     assert spec.tasks[0].simulate == SimulatedRun(duration_s=90.0, exit_code=0)
     assert parse_job_spec(spec.to_dict()) == spec
+    assert "stop" not in spec.to_dict()["tasks"][0]["simulate"]  # as before stop existed
+
+
+def test_a_simulated_run_may_take_time_to_stop():
+    spec = parse_job_spec("name: j\ntasks: [{role: a, simulate: {duration: forever, stop: 4s}}]")
+    assert spec.tasks[0].simulate == SimulatedRun(duration_s=None, stop_s=4.0)
+    assert spec.tasks[0].simulate.stop_s == 4.0
+    assert parse_job_spec(spec.to_dict()) == spec
 
 
 def test_to_dict_is_plain_data():
@@ -314,6 +322,8 @@ BAD = [
     ),
     (_group(simulate={"duration": 1, "exit": 1}), "tasks[0].simulate.exit", "unknown field"),
     (_group(simulate=30), "tasks[0].simulate", "expected a mapping"),
+    (_group(simulate={"duration": 1, "stop": "-1s"}), "tasks[0].simulate.stop", "negative"),
+    (_group(simulate={"duration": 1, "stop": "2h"}), "tasks[0].simulate.stop", "at most 3600s"),
 ]
 
 
@@ -489,9 +499,10 @@ def _loads(draw) -> LoadCurve:
     )  # fmt: skip
 
 
+_stops = st.just(0.0) | st.floats(min_value=0, max_value=3600, allow_nan=False)
 _simulated = st.one_of(
-    st.builds(SimulatedRun, _durations, st.integers(0, 255), st.none() | _loads()),
-    st.builds(SimulatedRun, st.none(), st.just(0), st.none() | _loads()),  # forever
+    st.builds(SimulatedRun, _durations, st.integers(0, 255), st.none() | _loads(), _stops),
+    st.builds(SimulatedRun, st.none(), st.just(0), st.none() | _loads(), _stops),  # forever
 )
 
 
