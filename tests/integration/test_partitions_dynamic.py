@@ -38,7 +38,7 @@ RETURN_AFTER_S = 5.0
 COOLDOWN_S = 5.0
 
 
-def controller_config(borrow_after_s: float = 2.0) -> str:
+def controller_config(borrow_after_s: float = 2.0, spike_fraction: float = 0.9) -> str:
     return f"""
 partitions:
   stateless: {{min_nodes: 2}}
@@ -47,6 +47,7 @@ interval_s: 1s
 window_s: {WINDOW_S:g}s
 stale_after_s: 3s
 borrow_after_s: {borrow_after_s:g}s
+spike_fraction: {spike_fraction:g}
 return_after_s: {RETURN_AFTER_S:g}s
 cooldown_s: {COOLDOWN_S:g}s
 """
@@ -199,6 +200,8 @@ async def test_load_rises_nodes_are_borrowed_then_returned_after_it_falls(region
     for m in lent:
         assert m.reason.startswith("stateless hot: "), m.reason
         assert "borrow from batch" in m.reason and m.node_id.startswith("bat-"), m
+    # every web node 95 % busy: a spike, borrowed at once, sized from the load now
+    assert "spike (100% hot > spike_fraction 90%" in lent[0].reason, lent[0].reason
     lent_ids = {m.node_id for m in lent}
     rows = await partitions(client)
     assert rows["stateless"]["nodes"] == 2 + len(lent_ids)
@@ -320,7 +323,8 @@ async def test_the_controller_holds_off_during_break_glass_and_resumes_after_res
 ):
     await region.coordinator()
     client = region.client
-    config = controller_config(borrow_after_s=HELD_BORROW_S)
+    # no spike rule here: it would borrow at once, and this test reads the dwell
+    config = controller_config(borrow_after_s=HELD_BORROW_S, spike_fraction=1.0)
     await client.request("partition.apply", PartitionApplyRequest(config), retries=30)
     tap = await hollow_region(region, 4)
     env = cli_env(tmp_path)
