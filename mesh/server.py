@@ -114,6 +114,12 @@ class ServerConfig:
     tls: TlsFiles | None = None  # client connections must use TLS with a verified certificate
     users: list[UserPermission] = field(default_factory=list)  # per identity (needs `tls`)
     max_payload: int = 8 * 1024 * 1024
+    # Federation: this server's region joins a supercluster as gateway `gateway_name`
+    # (its cluster's name); `gateways` names every region's gateway URL, its own included
+    # (nats-server skips itself), so one list serves every server.
+    gateway_name: str | None = None
+    gateway_port: int = 0
+    gateways: dict[str, str] = field(default_factory=dict)
 
     def render(self) -> str:
         lines = [
@@ -133,6 +139,17 @@ class ServerConfig:
                 f'  name: "{self.cluster_name}"\n'
                 f'  listen: "{self.host}:{self.cluster_port}"\n'
                 f"  routes: [{routes}]\n"
+                "}"
+            )
+        if self.gateway_name:
+            peers = ",\n".join(
+                f"    {{name: {_q(name)}, url: {_q(url)}}}" for name, url in self.gateways.items()
+            )
+            lines.append(
+                "gateway {\n"
+                f"  name: {_q(self.gateway_name)}\n"
+                f'  listen: "{self.host}:{self.gateway_port}"\n'
+                f"  gateways: [\n{peers}\n  ]\n"
                 "}"
             )
         if self.tls is not None:
@@ -176,6 +193,8 @@ class EmbeddedServer:
             cfg.port = free_port(cfg.host)
         if cfg.cluster_name and cfg.cluster_port == 0:
             cfg.cluster_port = free_port(cfg.host)
+        if cfg.gateway_name and cfg.gateway_port == 0:
+            cfg.gateway_port = free_port(cfg.host)
         if cfg.store_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="mesh-nats-")
             cfg.store_dir = self._tmp.name
@@ -249,3 +268,34 @@ class EmbeddedServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def supercluster(
+    regions: list[str], store_root: str | Path, host: str = "127.0.0.1"
+) -> dict[str, EmbeddedServer]:
+    """One server per region, each its own cluster (named after the region) and
+    gateway, every gateway listing every other: a local supercluster. Ports are chosen
+    here, before any server starts, because each server's config names its peers'.
+    JetStream places a stream in the cluster of the client that creates it, so each
+    region's streams stay on its own server. Not started: the caller starts them."""
+    if len(set(regions)) != len(regions) or not regions:
+        raise ServerError(f"regions must be distinct and at least one, got {regions}")
+    gw_ports = {r: free_port(host) for r in regions}
+    urls = {r: f"nats://{host}:{p}" for r, p in gw_ports.items()}
+    out = {}
+    for r in regions:
+        # JetStream in a supercluster runs clustered, which wants routes: a one-server
+        # cluster routes to itself (nats-server notices and skips it).
+        route_port = free_port(host)
+        cfg = ServerConfig(
+            store_dir=str(Path(store_root) / r),
+            server_name=f"nats-{r}",
+            cluster_name=r,
+            cluster_port=route_port,
+            cluster_routes=[f"nats://{host}:{route_port}"],
+            gateway_name=r,
+            gateway_port=gw_ports[r],
+            gateways=dict(urls),
+        )
+        out[r] = EmbeddedServer(cfg)
+    return out

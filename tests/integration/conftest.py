@@ -17,6 +17,7 @@ from agent.hollow import HollowFleet
 from agent.service import Agent, AgentConfig
 from coordinator.service import Coordinator, CoordinatorConfig
 from mesh.client import MeshClient
+from mesh.server import supercluster
 from mesh.connect import close_quietly, connect
 
 
@@ -67,9 +68,10 @@ async def leader_is(client: MeshClient, cid: str) -> bool:
 class Region:
     """Components started in-process against one real nats-server."""
 
-    def __init__(self, url: str, tmp: Path) -> None:
+    def __init__(self, url: str, tmp: Path, name: str = "default") -> None:
         self.url = url
         self.tmp = tmp
+        self.name = name
         self.coordinators: list[Coordinator] = []
         self.agents: list[Agent] = []
         self.fleets: list[HollowFleet] = []
@@ -77,6 +79,7 @@ class Region:
         self.client: MeshClient | None = None
 
     async def coordinator(self, cid: str = "c1", **kw) -> Coordinator:
+        kw.setdefault("region", self.name)
         c = Coordinator(CoordinatorConfig(self.url, candidate_id=cid, **kw))
         await c.start()
         self.coordinators.append(c)
@@ -87,12 +90,14 @@ class Region:
         # operator would, or a root agent refuses to run tasks as root.
         kw.setdefault("allow_root", os.geteuid() == 0)
         kw.setdefault("data_dir", str(self.tmp / f"agent-{node_id}"))
+        kw.setdefault("region", self.name)
         a = Agent(AgentConfig(self.url, node_id=node_id, **kw))
         await a.start()
         self.agents.append(a)
         return a
 
     async def fleet(self, count: int = 3, **kw) -> HollowFleet:
+        kw.setdefault("region", self.name)
         f = HollowFleet(self.url, count=count, **kw)
         await f.start()
         self.fleets.append(f)
@@ -100,7 +105,7 @@ class Region:
 
     async def connect_client(self) -> MeshClient:
         self.nc = await connect(self.url, name="test-client")
-        self.client = MeshClient(self.nc)
+        self.client = MeshClient(self.nc, region=self.name)
         return self.client
 
     async def ready(self, nodes: int) -> dict:
@@ -119,6 +124,44 @@ class Region:
             await c.stop()
         if self.nc is not None:
             await close_quietly(self.nc)
+
+
+@pytest.fixture
+async def regions(tmp_path):
+    """A local supercluster (mesh.server.supercluster): `await regions("a", "b", "c")`
+    starts one nats-server per region joined by gateways and returns {name: Region},
+    each with its client connected to its own server. `Region.server` is that region's
+    EmbeddedServer (kill it to lose the region)."""
+    started: list[tuple[dict, dict]] = []
+
+    async def start(*names: str) -> dict[str, Region]:
+        servers = supercluster(list(names), tmp_path / "supercluster")
+        await asyncio.gather(*(s.astart() for s in servers.values()))
+        out = {}
+        for name, server in servers.items():
+            r = Region(server.url, tmp_path / name, name)
+            r.server = server
+            await r.connect_client()
+            out[name] = r
+        started.append((servers, out))
+
+        async def jetstream_ready(r: Region) -> bool:  # the supercluster's meta leader
+            try:
+                await r.nc.jetstream().account_info()
+                return True
+            except Exception:
+                return False
+
+        for r in out.values():
+            await eventually(lambda r=r: jetstream_ready(r), timeout=30)
+        return out
+
+    yield start
+    for servers, out in started:
+        for r in out.values():
+            await r.close()
+        for s in servers.values():
+            s.stop()
 
 
 @pytest.fixture
