@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from bench._partitions_sim import (

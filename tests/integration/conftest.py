@@ -17,8 +17,8 @@ from agent.hollow import HollowFleet
 from agent.service import Agent, AgentConfig
 from coordinator.service import Coordinator, CoordinatorConfig
 from mesh.client import MeshClient
-from mesh.server import supercluster
 from mesh.connect import close_quietly, connect
+from mesh.server import supercluster
 
 
 async def eventually(pred, timeout=15.0, interval=0.05):
