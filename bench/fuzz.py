@@ -754,6 +754,7 @@ API_TARGETS: dict[str, type | None] = {
     "node.list": None,
     "node.get": NodeRef,
     "cluster.info": None,
+    "region.list": None,
     "pool.apply": PoolApplyRequest,
     "pool.list": None,
     "pool.get": PoolRef,

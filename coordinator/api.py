@@ -79,6 +79,7 @@ ENDPOINTS = (
     "node.list",
     "node.get",
     "cluster.info",
+    "region.list",
     *partition_api.ENDPOINTS,
 )
 WRITES = (
@@ -108,6 +109,7 @@ class Api:
             "node.list": self.node_list,
             "node.get": self.node_get,
             "cluster.info": self.cluster_info,
+            "region.list": self.region_list,
             "pool.apply": self.pool_apply,
             "pool.list": self.pool_list,
             "pool.get": self.pool_get,
@@ -537,6 +539,10 @@ class Api:
             jobs=states,
             version=VERSION,
         )
+
+    async def region_list(self, data: bytes) -> bytes:
+        """The regions this candidate has heard summaries from (its own included)."""
+        return ok(region=self.coord.region, regions=self.coord.board.rows(time.time()))
 
     # ------------------------------------------------------------ pools
 

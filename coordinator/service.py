@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from coordinator.api import Api
 from coordinator.cluster import ClusterView
+from coordinator.federation.board import Board, BoardConfig
+from coordinator.federation.summary import summarize
 from coordinator.joblog import LogFollower
 from coordinator.leader import Leader
 from coordinator.partitions.controlling import Controlling
@@ -61,6 +63,7 @@ class CoordinatorConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     connect_options: dict = field(default_factory=dict)
     signing_key: str | None = None  # Ed25519 PEM: the leader signs every assignment with it
+    summaries: BoardConfig = field(default_factory=BoardConfig)  # region summaries
 
 
 class Coordinator:
@@ -80,6 +83,7 @@ class Coordinator:
         self._said_unverified = False
         self.leader: Leader | None = None
         self.api = Api(self)
+        self.board = Board(self.region, config.summaries, self._summary)
         self.bad_states = 0
         self.nc = None
         self.js = None
@@ -108,6 +112,7 @@ class Coordinator:
             subjects.state_all(self.region), cb=self._on_state
         )
         await self.api.start()
+        await self.board.start(self.nc)
         await self.nc.check_permissions()  # a wrong region is denied these subscriptions
         # The lease renews over a connection and a thread of its own: on the main
         # connection its small KV update would queue behind megabytes of assignments and
@@ -155,6 +160,7 @@ class Coordinator:
         if self.lease is not None:
             await self.lease.stop()  # hands over gracefully, then step_down runs
         await self.step_down(None)
+        await self.board.stop()
         await self.api.stop()
         if self._state_sub is not None:
             with contextlib.suppress(Exception):
@@ -166,6 +172,10 @@ class Coordinator:
         with contextlib.suppress(ValueError):
             gc.callbacks.remove(_freeze_survivors)
         self._stopped.set()
+
+    def _summary(self, now: float):
+        """This region's summary while this candidate leads (its board publishes it)."""
+        return summarize(self.state, self.cluster, now) if self.leader is not None else None
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()

@@ -122,3 +122,21 @@ def lease_bucket(region: str) -> str:
 
 LEADER_KEY = "leader"
 SERVICE_NAME = "mesh"
+
+
+# Federation (docs/federation.md): what crosses between regions
+def fed_summary(region: str) -> str:
+    """Where a region's leader publishes its summary (coordinator/federation/summary.py)."""
+    return f"mesh.fed.summary.{token(region, 'region')}"
+
+
+def fed_summary_all() -> str:
+    """Every region's summary: each coordinator candidate keeps the latest of each."""
+    return "mesh.fed.summary.*"
+
+
+def fed_summary_region(subject: str) -> str | None:
+    """The region a summary subject names, or None when it is not one."""
+    prefix = "mesh.fed.summary."
+    rest = subject[len(prefix) :] if subject.startswith(prefix) else ""
+    return rest if is_token(rest) else None

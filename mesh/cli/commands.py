@@ -12,7 +12,7 @@ from typing import Any
 
 from coordinator.partitions.config import parse_partitions_config
 from coordinator.pools import parse_pool_tree
-from mesh.cli import infer, jobs, load, output, partition, render
+from mesh.cli import fedview, infer, jobs, load, output, partition, render
 from mesh.cli.context import Context
 from mesh.cli.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from mesh.client import MeshClient
@@ -83,6 +83,8 @@ def _view(args: argparse.Namespace, fn, data: Any) -> tuple[str, str]:
 
 
 async def _dispatch(args: argparse.Namespace, client: MeshClient) -> int:
+    if fedview.serves(args):  # region list, --region all, job status found anywhere
+        return await fedview.run(args, client)
     if args.cmd == "load":
         summary = await load.run_load(args, client, args.workload)
         out(args, summary, load.human(summary))

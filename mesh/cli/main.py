@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import replace
 
 from mesh import logs, subjects
 from mesh.cli import (
@@ -16,6 +17,7 @@ from mesh.cli import (
     commands,
     completion,
     contexts,
+    fedview,
     infer,
     load,
     output,
@@ -61,8 +63,15 @@ def main(argv: list[str] | None = None) -> int:
             store=store,
             env_context=not up,
         )
+        if ctx.region == fedview.ALL:  # the global view: the context's region is the local one
+            args.all_regions = True
+            home = load_context(None, None, name=None if up else args.context, store=store)
+            ctx = replace(ctx, region=home.region if home.region != fedview.ALL else "default")
     except ContextError as exc:
         print(f"mesh: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if fedview.usage_problem(args):
+        print(f"mesh: {fedview.usage_problem(args)}", file=sys.stderr)
         return EXIT_USAGE
     if not subjects.is_token(ctx.region):  # one subject token: `a.b` would widen subjects
         print(

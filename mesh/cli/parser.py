@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-from mesh.cli import certs, completion, contexts, infer, load, partition
+from mesh.cli import certs, completion, contexts, fedview, infer, load, partition
 from mesh.cli import install as agent_install
 
 OUTPUTS = ("table", "json", "yaml", "wide")
@@ -24,7 +24,13 @@ def add_global_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
             ("--nats",),
             {"metavar": "URL", "help": "NATS URL (env MESH_NATS_URL; default: the context)"},
         ),
-        (("--region",), {"help": "region (env MESH_REGION; default: the context or 'default')"}),
+        (
+            ("--region",),
+            {
+                "help": "region (env MESH_REGION; default: the context or 'default'); 'all': "
+                "every region, for job list|status, node list, pool list, cluster info"
+            },
+        ),
         (
             ("--certs",),
             {
@@ -285,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_parser("info", help="leader, term, node and job counts")
 
     partition.add_parser(sub)
+    fedview.add_parser(sub)  # `mesh region list`
     load.add_parser(sub)
     certs.add_parser(sub)
     agent_install.add_parsers(ag)  # `mesh agent install|uninstall`

@@ -189,9 +189,11 @@ def permissions(region: str, identity: Identity, *, fleet_nodes: Sequence[str] =
                 f"{JS_ACK}.>",
                 JS_FLOW_CONTROL,
                 f"$KV.{subjects.lease_bucket(r)}.>",
+                subjects.fed_summary(r),  # its region's summary, for the others
             ),
             subscribe=(
                 subjects.state_all(r),
+                subjects.fed_summary_all(),  # every region's
                 _all_under(subjects.api(r, "x")),
                 _all_under(subjects.leader_api(r, "x")),
                 SERVICE_DISCOVERY,

@@ -131,6 +131,10 @@ async def test_every_endpoint_answers_json(region):
     restored = await call("partition.restore", {"reason": "done", "by": "t"})
     assert restored["ok"], restored
 
+    # the regions heard from (docs/federation.md): this one, from its leader's summary
+    heard = await call("region.list", {})
+    assert [(r["region"], r["status"]) for r in heard["regions"]] == [("default", "fresh")]
+
     # errors come back as JSON too, with the documented shape
     missing = await call("job.get", {"job_id": "nope"})
     assert missing == {"ok": False, "error": {"code": "NOT_FOUND", "message": "no job 'nope'"}}

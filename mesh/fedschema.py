@@ -1,0 +1,50 @@
+"""Federation wire messages: what one region tells the others (docs/federation.md).
+
+Kept apart from `mesh.schema` (the region's own messages) so the federation's
+vocabulary grows in one place. Same conventions: frozen dataclasses with a `v`
+version, msgpack via `mesh.codec`; `decode_summary` validates types, sizes and ranges
+and raises `WireError` and nothing else, so a receiver counts and drops what fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mesh import schema as _schema  # noqa: F401  (registers the Resources converter)
+from mesh.codec import MAX_MESSAGE, WireError, decode, wf
+from workloads.resources import Resources
+
+__all__ = ["HEALTH", "MAX_POOLS", "MAX_SHAPES", "RegionSummary", "WireError", "decode_summary"]
+
+MAX_SHAPES = 32  # largest free node shapes a summary carries: enough to judge a gang
+MAX_POOLS = 256  # pools with a queue a summary names (the deepest); `queued` counts all
+# "ok": a leader and ready nodes; "degraded": some nodes suspect or down, or the log's
+# leader is not the one publishing; "no_nodes": nothing can be placed here now.
+HEALTH = ("ok", "degraded", "no_nodes")
+
+
+@dataclass(frozen=True, slots=True)
+class RegionSummary:
+    """One region's state as the others need it to decide where a job could go: what it
+    has, what is free now (in total and as the largest free node shapes, largest
+    first), how deep its queues are, and its health; `ts` (the publisher's wall clock)
+    is what makes a summary fresh or stale. Built by
+    `coordinator.federation.summary.summarize`."""
+
+    region: str = wf(max_len=64)
+    ts: float = wf(ge=0.0)
+    leader: str = wf("", max_len=64)
+    term: int = wf(0, ge=0)
+    capacity: Resources = field(default_factory=Resources)  # ready nodes, allocatable
+    free: Resources = field(default_factory=Resources)  # what they have not granted
+    largest_free: tuple[Resources, ...] = wf((), max_len=MAX_SHAPES)
+    nodes: dict[str, int] = wf(default_factory=dict, max_len=16)  # count per status
+    queued: int = wf(0, ge=0)  # jobs waiting, all pools
+    queue: dict[str, int] = wf(default_factory=dict, max_len=MAX_POOLS)  # pool -> waiting
+    health: str = wf("ok", choices=HEALTH)
+    v: int = 1
+
+
+def decode_summary(data: bytes) -> RegionSummary:
+    """A summary off the wire; `WireError` for anything malformed."""
+    return decode(RegionSummary, data, max_size=MAX_MESSAGE)
