@@ -105,11 +105,9 @@ def _is_hot(cfg: PartitionsConfig, ph: PartitionHotness) -> bool:
 
 
 def _is_spike(cfg: PartitionsConfig, ph: PartitionHotness) -> bool:
-    """Nearly every node above the line in its newest report (not its window's p90,
-    which needs a tenth of the window to move): the load outran the rate-limited moves,
-    a spike; services burn their objective while a dwell waits. Per-node noise cannot
-    set it off: it takes nearly all nodes at once."""
-    return ph.hot_now_fraction > cfg.spike_fraction
+    """Nearly every node hot *now* (measured, not forecast): the load outran the
+    rate-limited moves, a spike; services burn their objective while a dwell waits."""
+    return ph.hot_fraction > cfg.spike_fraction
 
 
 def _is_cold(cfg: PartitionsConfig, ph: PartitionHotness) -> bool:
@@ -258,12 +256,9 @@ def decide(
     ph = hotness[STATELESS]
     seen = _seen(ph, cfg)
     moves: tuple[Move, ...] = ()
-    spike = _is_spike(cfg, ph)
-    if spike:  # hot now, whatever the windows say yet
-        hot_since.setdefault(STATELESS, now)
-        cold_since.pop(STATELESS, None)
     if STATELESS in hot_since:
         hot_for = now - hot_since[STATELESS]
+        spike = _is_spike(cfg, ph)
         if hot_for < cfg.borrow_after_s and not spike:
             why = f"stateless hot: {seen} for {hot_for:.0f} s of {cfg.borrow_after_s:.0f} s"
         else:
@@ -315,8 +310,7 @@ def _borrow(
         # count); a busy clipped at 1.0 understates, and the next decision sees more.
         need = max(1, math.ceil(ph.known * ph.last / cfg.busy_line - ph.known - 1e-9))
         head += (
-            f"; spike ({ph.hot_now_fraction:.0%} above the line now > spike_fraction "
-            f"{cfg.spike_fraction:.0%}, "
+            f"; spike ({ph.hot_fraction:.0%} hot > spike_fraction {cfg.spike_fraction:.0%}, "
             f"busy now {ph.last:.2f}): dwell and rate limits skipped"
         )
         limits.lift(len(nodes))

@@ -215,7 +215,6 @@ class PartitionHotness:
     forecast_fraction: float  # hot fraction one interval ahead, each node's p90 + trend x interval
     state: str  # "hot" | "cold" | "normal" | "unknown" (more than half its nodes unknown)
     last: float = 0.0  # mean over known nodes of their newest score: the load now
-    hot_now_fraction: float = 0.0  # share of known nodes whose newest score is above the line
 
 
 def partition_hotness(
@@ -229,7 +228,7 @@ def partition_hotness(
     ahead = cfg.interval_s
     p50s: list[float] = []
     p90s: list[float] = []
-    hot = coming = hot_now = 0
+    hot = coming = 0
     trend_sum = last_sum = 0.0
     for h in nodes:
         state = h.state
@@ -240,8 +239,6 @@ def partition_hotness(
         p90s.append(p90)
         trend_sum += h.trend
         last_sum += h.last
-        if h.last > line:
-            hot_now += 1
         if state == HOT:
             hot += 1
         if p90 + h.trend * ahead > line:
@@ -252,9 +249,9 @@ def partition_hotness(
         p90s.sort()
         p50, p90 = p50s[_rank(known, 5)], p90s[_rank(known, 9)]
         fraction, forecast, trend = hot / known, coming / known, trend_sum / known
-        last, now_fraction = last_sum / known, hot_now / known
+        last = last_sum / known
     else:
-        p50 = p90 = fraction = forecast = trend = last = now_fraction = 0.0
+        p50 = p90 = fraction = forecast = trend = last = 0.0
     if 2 * (total - known) > total:
         state = UNKNOWN
     elif fraction > cfg.hot_fraction:
@@ -264,16 +261,5 @@ def partition_hotness(
     else:
         state = NORMAL
     return PartitionHotness(
-        partition,
-        total,
-        known,
-        hot,
-        fraction,
-        p50,
-        p90,
-        trend,
-        forecast,
-        state,
-        last,
-        now_fraction,
+        partition, total, known, hot, fraction, p50, p90, trend, forecast, state, last
     )
