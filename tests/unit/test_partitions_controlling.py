@@ -89,7 +89,9 @@ def _hot_stateless(asked_in: range, hold: bool) -> list[tuple[int, list[str], st
     """Stateless hot from 0 s to 50 s, beats each second, and the controller asked every
     10 s in `asked_in`; elsewhere (a break-glass in force) not asked, and held if
     `hold`. Its decisions: (time, nodes moved, why)."""
-    cfg = PartitionsConfig(window_s=10.0, stale_after_s=30.0, busy_line=0.7, borrow_after_s=20.0)
+    cfg = PartitionsConfig(
+        window_s=10.0, stale_after_s=30.0, busy_line=0.7, borrow_after_s=20.0, spike_fraction=1.0
+    )  # no spike rule: it borrows at once, and this reads the dwell
     nodes = [facts("s1", "stateless"), facts("s2", "stateless"), facts("b1", "batch")]
     c = Controlling()
     decisions = []

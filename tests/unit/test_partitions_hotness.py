@@ -195,3 +195,20 @@ def test_more_than_half_unknown_is_unknown():
     assert partition_hotness(CFG, "batch", [node(0, UNKNOWN)]).state == UNKNOWN
     empty = partition_hotness(CFG, "batch/critical", [])
     assert (empty.state, empty.hot_fraction, empty.nodes) == (COLD, 0.0, 0)
+
+
+def test_the_newest_report_is_kept_apart_from_the_window():
+    """A spike shows in each node's newest score before its window's p90 moves (a tenth
+    of the window must be high first): `last` says what the load is now, and a spike's
+    borrow is sized from it."""
+    w = NodeWindows(window_s=60.0)
+    for t in range(60):
+        w.add("a", Sample(float(t), 0.3, 0.3, 0.1))
+    w.add("a", Sample(60.0, 0.95, 0.95, 0.1))
+    for t in range(61):
+        w.add("b", Sample(float(t), 0.3, 0.3, 0.1))
+    a, b = w.node("a", 60.0, CFG), w.node("b", 60.0, CFG)
+    assert a.state == COLD and a.p90 == 0.3 and a.last == 0.95  # the window lags
+    assert b.last == 0.3
+    ph = partition_hotness(CFG, "stateless", [a, b])
+    assert ph.hot_fraction == 0.0 and ph.last == pytest.approx((0.95 + 0.3) / 2)
