@@ -238,18 +238,24 @@ def gateway_hosts(certs_dir: str | Path) -> list[str]:
     return list(san.get_values_for_type(x509.DNSName))
 
 
-def ensure_gateway(certs_dir: str | Path) -> Path:
+def ensure_gateway(certs_dir: str | Path, hosts: list[str] | tuple[str, ...] = ()) -> Path:
     """The servers' peer certificate (`gateway.crt`), made once from the server
     certificate's names: gateways and routes present it both when they dial a peer and
     when they accept one, so it is good for client and server authentication, which
     `server.crt` (server only) is not. A directory made before gateways existed gets it
     on first use; its names are the server certificate's, so `mesh certs init --host`
-    names every region's server host."""
+    names every region's server host; or `hosts` (beside loopback), e.g. the hosts of
+    the gateway URLs when they are not the client URLs' (`mesh certs issue --gateway
+    --host`)."""
     d = Path(certs_dir)
     crt = d / GATEWAY_CERT
     if crt.exists() and (d / GATEWAY_KEY).exists():
         return crt
-    return _issue_leaf(d, GATEWAY_STEM, "mesh gateway", server_hosts=server_hosts(d), peer=True)
+    for h in hosts:
+        if not h or any(c.isspace() for c in h):
+            raise CertError(f"bad host name {h!r}")
+    names = [*DEFAULT_HOSTS, *hosts] if hosts else server_hosts(d)
+    return _issue_leaf(d, GATEWAY_STEM, "mesh gateway", server_hosts=names, peer=True)
 
 
 def gateway_files(certs_dir: str | Path) -> tuple[Path, Path, Path]:
