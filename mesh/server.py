@@ -85,6 +85,23 @@ def _render_tls(tls: TlsFiles) -> str:
     return "tls {\n" + "\n".join(lines) + "\n}"
 
 
+def _render_peer_tls(tls: TlsFiles, indent: str = "  ") -> str:
+    """A gateway's or route's TLS: both ends verified against the CA, and the incoming
+    peer's certificate must name (DNS) one of the configured URLs' hosts. A client
+    certificate from the same CA (an agent's) chains just as well, but names no host:
+    without the check it could join as a gateway and bypass every permission."""
+    lines = [
+        f"cert_file: {_q(tls.cert)}",
+        f"key_file: {_q(tls.key)}",
+        f"ca_file: {_q(tls.ca)}",
+        f"timeout: {tls.timeout}",
+        "verify: true",
+        "verify_cert_and_check_known_urls: true",
+    ]
+    inner = "".join(f"{indent}  {line}\n" for line in lines)
+    return f"{indent}tls {{\n{inner}{indent}}}\n"
+
+
 def _render_users(users: list[UserPermission]) -> str:
     entries = []
     for u in users:
@@ -120,6 +137,12 @@ class ServerConfig:
     gateway_name: str | None = None
     gateway_port: int = 0
     gateways: dict[str, str] = field(default_factory=dict)
+    # Where the gateway listens (None: `host`), e.g. 0.0.0.0 beside a loopback client port.
+    gateway_host: str | None = None
+    # TLS between servers (gateways and routes), e.g. mesh.security.pki.gateway_files:
+    # a certificate good for both ends (server and client), with the hosts' DNS names.
+    peer_tls: TlsFiles | None = None
+    cluster_host: str | None = None  # where routes listen (None: `host`)
 
     def render(self) -> str:
         lines = [
@@ -134,22 +157,26 @@ class ServerConfig:
         lines.append("jetstream {\n  " + "\n  ".join(js) + "\n}")
         if self.cluster_name:
             routes = ", ".join(f'"{r}"' for r in self.cluster_routes)
+            peer_tls = _render_peer_tls(self.peer_tls) if self.peer_tls else ""
             lines.append(
                 "cluster {\n"
                 f'  name: "{self.cluster_name}"\n'
-                f'  listen: "{self.host}:{self.cluster_port}"\n'
+                f'  listen: "{self.cluster_host or self.host}:{self.cluster_port}"\n'
                 f"  routes: [{routes}]\n"
+                f"{peer_tls}"
                 "}"
             )
         if self.gateway_name:
             peers = ",\n".join(
                 f"    {{name: {_q(name)}, url: {_q(url)}}}" for name, url in self.gateways.items()
             )
+            peer_tls = _render_peer_tls(self.peer_tls) if self.peer_tls else ""
             lines.append(
                 "gateway {\n"
                 f"  name: {_q(self.gateway_name)}\n"
-                f'  listen: "{self.host}:{self.gateway_port}"\n'
+                f'  listen: "{self.gateway_host or self.host}:{self.gateway_port}"\n'
                 f"  gateways: [\n{peers}\n  ]\n"
+                f"{peer_tls}"
                 "}"
             )
         if self.tls is not None:
@@ -270,32 +297,51 @@ class EmbeddedServer:
         self.stop()
 
 
-def supercluster(
-    regions: list[str], store_root: str | Path, host: str = "127.0.0.1"
-) -> dict[str, EmbeddedServer]:
-    """One server per region, each its own cluster (named after the region) and
+def supercluster_configs(
+    regions: list[str],
+    store_root: str | Path,
+    host: str = "127.0.0.1",
+    *,
+    peer_tls: TlsFiles | None = None,
+    ports: dict[str, int] | None = None,
+) -> dict[str, ServerConfig]:
+    """One server config per region, each its own cluster (named after the region) and
     gateway, every gateway listing every other: a local supercluster. Ports are chosen
     here, before any server starts, because each server's config names its peers'.
     JetStream places a stream in the cluster of the client that creates it, so each
-    region's streams stay on its own server. Not started: the caller starts them."""
+    region's streams stay on its own server. `ports` fixes client ports (0 or absent:
+    free). With `peer_tls` the gateways and routes use TLS, and peers are named
+    `localhost` (the DNS name the check of known URLs needs; it listens on `host`)."""
     if len(set(regions)) != len(regions) or not regions:
         raise ServerError(f"regions must be distinct and at least one, got {regions}")
+    peer_host = "localhost" if peer_tls is not None else host
     gw_ports = {r: free_port(host) for r in regions}
-    urls = {r: f"nats://{host}:{p}" for r, p in gw_ports.items()}
+    urls = {r: f"nats://{peer_host}:{p}" for r, p in gw_ports.items()}
     out = {}
     for r in regions:
         # JetStream in a supercluster runs clustered, which wants routes: a one-server
         # cluster routes to itself (nats-server notices and skips it).
         route_port = free_port(host)
-        cfg = ServerConfig(
+        out[r] = ServerConfig(
+            port=(ports or {}).get(r, 0),
+            host=host,
             store_dir=str(Path(store_root) / r),
             server_name=f"nats-{r}",
             cluster_name=r,
             cluster_port=route_port,
-            cluster_routes=[f"nats://{host}:{route_port}"],
+            cluster_routes=[f"nats://{peer_host}:{route_port}"],
             gateway_name=r,
             gateway_port=gw_ports[r],
             gateways=dict(urls),
+            peer_tls=peer_tls,
         )
-        out[r] = EmbeddedServer(cfg)
     return out
+
+
+def supercluster(
+    regions: list[str], store_root: str | Path, host: str = "127.0.0.1"
+) -> dict[str, EmbeddedServer]:
+    """`supercluster_configs` as servers, not started: the caller starts them."""
+    return {
+        r: EmbeddedServer(c) for r, c in supercluster_configs(regions, store_root, host).items()
+    }

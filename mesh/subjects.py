@@ -123,8 +123,23 @@ def lease_bucket(region: str) -> str:
 LEADER_KEY = "leader"
 SERVICE_NAME = "mesh"
 
+# Federation (docs/federation.md): `mesh.fed.*` is shared by every region's coordinators
+# (summaries, forwarded jobs), so no region may be named `fed` (its subjects would be
+# these).
+FED = "fed"
 
-# Federation (docs/federation.md): what crosses between regions
+
+def fed_all() -> str:
+    """Every federation subject: what a coordinator may publish and subscribe to."""
+    return f"mesh.{FED}.>"
+
+
+def region_token(region: str) -> str:
+    """`token`, and not `fed` (see FED)."""
+    if token(region, "region") == FED:
+        raise SubjectError(f"region {region!r} is reserved: mesh.{FED}.* is the federation's")
+    return region
+
 def fed_summary(region: str) -> str:
     """Where a region's leader publishes its summary (coordinator/federation/summary.py)."""
     return f"mesh.fed.summary.{token(region, 'region')}"

@@ -8,7 +8,9 @@
                                                 `mesh agent install --bundle FILE`
     mesh certs nats-conf [DIR] --region R ...   a nats-server config: TLS + per-identity users;
                                                 with -o FILE --reload: rewrite it and reload
-                                                the server that runs it (via its pid file)
+                                                the server that runs it (via its pid file);
+                                                with --gateway R=URL ...: joined to the other
+                                                regions by TLS gateways (docs/federation.md)
 
 DIR defaults to --certs / $MESH_CERTS / the `mesh up` context.
 """
@@ -25,12 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mesh.security import bundle, pki
+from mesh import subjects
+from mesh.security import bundle, gateways, pki
 from mesh.security.identity import Identity, IdentityError
 from mesh.security.permissions import server_users
 from mesh.server import ServerConfig, ServerError, TlsFiles
 
 DEFAULT_LISTEN = "0.0.0.0:4222"
+DEFAULT_GATEWAY_LISTEN = "0.0.0.0:7222"
+DEFAULT_CLUSTER_LISTEN = "127.0.0.1:6222"
 DEFAULT_STORE_DIR = "/var/lib/nats"
 PID_FILE_NAME = "nats-server.pid"
 
@@ -54,6 +59,18 @@ def add_parser(sub: Any) -> None:
     who.add_argument("--user", metavar="NAME", help="a user of the request API")
     who.add_argument("--fleet", metavar="PREFIX", help="a hollow fleet (nodes PREFIX-NNNN)")
     who.add_argument("--coordinator", action="store_true", help="the coordinators")
+    who.add_argument(
+        "--gateway",
+        action="store_true",
+        help="the servers' certificate towards each other (gateways, routes: "
+        "gateway.crt); its names are the server certificate's unless --host is given",
+    )
+    issue.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        help="with --gateway: a DNS name the servers' gateways or routes are reached by",
+    )
     ls = certs.add_parser("list", help="the identities with certificates in DIR")
     ls.add_argument("dir", nargs="?")
     bun = certs.add_parser(
@@ -115,6 +132,43 @@ def add_parser(sub: Any) -> None:
         help="with -o: then tell the server running it to reload (SIGHUP to the pid in its "
         "pid file); connections stay up, identities added or removed take effect at once",
     )
+    fed = conf.add_argument_group(
+        "federation", "join this region to others by gateways, TLS both ways (docs/federation.md)"
+    )
+    fed.add_argument(
+        "--gateway",
+        action="append",
+        default=[],
+        metavar="REGION=URL",
+        help="a region's gateway, e.g. us=nats://nats-us.example.com:7222; give every region, "
+        "this one too (the same list serves every server); the host must be a DNS name in "
+        "gateway.crt",
+    )
+    fed.add_argument(
+        "--gateway-listen",
+        default=DEFAULT_GATEWAY_LISTEN,
+        metavar="HOST:PORT",
+        help=f"where this server's gateway listens (default {DEFAULT_GATEWAY_LISTEN}); "
+        "open it to the other regions' servers",
+    )
+    fed.add_argument(
+        "--cluster-listen",
+        default=DEFAULT_CLUSTER_LISTEN,
+        metavar="HOST:PORT",
+        help=f"where routes within the region listen (default {DEFAULT_CLUSTER_LISTEN}: a "
+        "region of one server)",
+    )
+    fed.add_argument(
+        "--route",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="another server of this region (repeat); default: none, a region of one server",
+    )
+    fed.add_argument(
+        "--server-name",
+        help="this server's name, unique in the federation (default nats-REGION)",
+    )
 
 
 def _identity(args: argparse.Namespace) -> Identity:
@@ -140,6 +194,7 @@ class NatsConf:
     region: str
     pid_file: str
     identities: tuple[Identity, ...]
+    made_gateway_cert: bool = False
 
     def render(self) -> str:
         return self.config.render()
@@ -149,11 +204,21 @@ class NatsConf:
         for ident in self.identities:
             kinds.setdefault(ident.kind, []).append(ident.name or ident.kind)
         who = "; ".join(f"{k}: {', '.join(names)}" for k, names in kinds.items())
-        return (
+        text = (
             f"nats-conf: wrote {where}: region {self.region}, listen "
             f"{self.config.host}:{self.config.port}, store_dir {self.config.store_dir}, "
             f"pid_file {self.pid_file}; {len(self.identities)} identities ({who})"
         )
+        c = self.config
+        if c.gateway_name:
+            others = [r for r in c.gateways if r != c.gateway_name]
+            text += (
+                f"; gateway {c.gateway_name} on {c.gateway_host}:{c.gateway_port} (TLS) to "
+                f"{', '.join(others) or 'no other region yet'}"
+            )
+            if self.made_gateway_cert:
+                text += "; made gateway.crt (copy it and gateway.key to every server)"
+        return text
 
 
 def nats_conf(
@@ -164,31 +229,70 @@ def nats_conf(
     store_dir: str = DEFAULT_STORE_DIR,
     pid_file: str | None = None,
     fleet_nodes: Sequence[str] = (),
+    federation: Federation | None = None,
 ) -> NatsConf:
     """The region's server config from the certificate directory: one user per identity
-    with a certificate there (so issuing a certificate and regenerating adds it)."""
+    with a certificate there (so issuing a certificate and regenerating adds it). With
+    `federation`, the server joins the others by gateway (see `_join`)."""
     fleets = {}
     for item in fleet_nodes:
         prefix, sep, n = item.partition("=")
         if not sep or not n.isdigit():
             raise IdentityError(f"--fleet-nodes {item!r}: expected PREFIX=N")
         fleets[prefix] = fleet_node_ids(prefix, int(n))
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--listen {listen!r}: expected HOST:PORT")
+    host, port = gateways.host_port(listen, "--listen")
     ca, cert, key = pki.server_files(certs_dir)
     store = str(Path(store_dir).absolute())
     pid = str(Path(pid_file).absolute()) if pid_file else str(Path(store) / PID_FILE_NAME)
     idents = tuple(pki.identities(certs_dir))
     cfg = ServerConfig(
-        host=host or "0.0.0.0",
-        port=int(port),
+        host=host,
+        port=port,
         store_dir=store,
         tls=TlsFiles(str(Path(ca).resolve()), str(Path(cert).resolve()), str(Path(key).resolve())),
         users=server_users(region, idents, fleets=fleets),
         extra_conf=f"pid_file: {_quote(pid)}",
     )
-    return NatsConf(cfg, region, pid, idents)
+    made = federation is not None and _join(cfg, certs_dir, region, federation)
+    return NatsConf(cfg, region, pid, idents, made)
+
+
+@dataclass(frozen=True)
+class Federation:
+    """What `nats-conf` needs to join a region to the others (its CLI flags)."""
+
+    gateways: tuple[str, ...]  # REGION=URL, every region's
+    gateway_listen: str = DEFAULT_GATEWAY_LISTEN
+    cluster_listen: str = DEFAULT_CLUSTER_LISTEN
+    routes: tuple[str, ...] = ()
+    server_name: str | None = None
+
+
+def _join(cfg: ServerConfig, certs_dir: str | Path, region: str, fed: Federation) -> bool:
+    """Add the gateway and the cluster (JetStream in a supercluster runs clustered: a
+    region of one server routes to itself) to `cfg`, both with TLS from gateway.crt,
+    made here on first use. Returns whether it was made."""
+    subjects.region_token(region)
+    peers = gateways.parse_gateways(fed.gateways)
+    routes = [gateways.parse_url(r, "--route") for r in fed.routes]
+    gw_host, gw_port = gateways.host_port(fed.gateway_listen, "--gateway-listen")
+    cl_host, cl_port = gateways.host_port(fed.cluster_listen, "--cluster-listen")
+    d = Path(certs_dir)
+    made = not (d / pki.GATEWAY_CERT).exists()
+    pki.ensure_gateway(d)
+    gateways.check_names(
+        [*peers.values(), *routes], pki.gateway_hosts(d), str(d / pki.GATEWAY_CERT)
+    )
+    ca, crt, key = (str(p.resolve()) for p in pki.gateway_files(d))
+    cfg.server_name = fed.server_name or f"nats-{region}"
+    cfg.cluster_name = region
+    cfg.cluster_host, cfg.cluster_port = cl_host, cl_port
+    cfg.cluster_routes = [r.url for r in routes] or [f"nats://localhost:{cl_port}"]
+    cfg.gateway_name = region
+    cfg.gateway_host, cfg.gateway_port = gw_host, gw_port
+    cfg.gateways = {name: p.url for name, p in peers.items()}
+    cfg.peer_tls = TlsFiles(ca, crt, key)
+    return made
 
 
 def _quote(value: str) -> str:
@@ -255,6 +359,7 @@ def _nats_conf(args: argparse.Namespace, d: str, region: str) -> int:
         store_dir=args.store_dir,
         pid_file=args.pid_file,
         fleet_nodes=args.fleet_nodes,
+        federation=_federation(args),
     )
     _say_missing_dirs(conf)
     if args.out_file:
@@ -267,6 +372,22 @@ def _nats_conf(args: argparse.Namespace, d: str, region: str) -> int:
         pid = reload_server(conf.pid_file)
         print(f"nats-conf: reload signalled to nats-server pid {pid}", file=sys.stderr)
     return 0
+
+
+def _federation(args: argparse.Namespace) -> Federation | None:
+    """The federation flags, or None when no --gateway is given (a region alone);
+    the other flags alone are a mistake, not ignored."""
+    if not args.gateway:
+        if args.route or args.server_name:
+            raise gateways.GatewayError("--route and --server-name need --gateway REGION=URL")
+        return None
+    return Federation(
+        gateways=tuple(args.gateway),
+        gateway_listen=args.gateway_listen,
+        cluster_listen=args.cluster_listen,
+        routes=tuple(args.route),
+        server_name=args.server_name,
+    )
 
 
 def _say_missing_dirs(conf: NatsConf) -> None:
@@ -303,6 +424,17 @@ def run(args: argparse.Namespace, certs_flag: str | None, region: str) -> int:
                 print(f"  {Path(f).name}")
             return 0
         if args.certs_cmd == "issue":
+            if args.gateway:
+                if (Path(d) / pki.GATEWAY_CERT).exists():
+                    raise pki.CertError(
+                        f"{Path(d) / pki.GATEWAY_CERT} already exists: remove it (and "
+                        f"{pki.GATEWAY_KEY}) first to reissue it"
+                    )
+                crt = pki.ensure_gateway(d, args.host)
+                print(f"{crt} (and {pki.GATEWAY_KEY}): the servers' gateways and routes")
+                return 0
+            if args.host:
+                raise pki.CertError("--host is for --gateway (client certificates name no host)")
             ident = _identity(args)
             crt = pki.issue(d, ident)
             print(f"{crt} (and {ident.key_path(d).name}): {ident}")

@@ -44,7 +44,7 @@ from mesh.connect import ClientTls, close_quietly, connect
 from mesh.security import pki
 from mesh.security.identity import Identity
 from mesh.security.permissions import server_users
-from mesh.server import EmbeddedServer, ServerConfig, TlsFiles, free_port
+from mesh.server import EmbeddedServer, ServerConfig, TlsFiles, UserPermission, free_port
 from mesh.streams import ensure_streams
 
 FLEET_PREFIX = "hollow"
@@ -70,6 +70,8 @@ class LocalMeshConfig:
     # False: sim_nodes are admitted (identity, permissions) but only `start_hollow()`
     # starts them, e.g. after a measurement on the plain region
     start_sim_nodes: bool = True
+    fleet_prefix: str = FLEET_PREFIX  # the hollow nodes are PREFIX-0000, ...
+    certs_dir: Path | None = None  # secure: where the CA is (default state_dir/certs)
 
 
 class LocalMesh:
@@ -79,7 +81,9 @@ class LocalMesh:
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.reaper: Reaper | None = None
         self.node_id = default_node_id()
-        self.certs_dir: Path | None = config.state_dir / "certs" if config.secure else None
+        self.certs_dir: Path | None = None
+        if config.secure:
+            self.certs_dir = config.certs_dir or config.state_dir / "certs"
 
     @property
     def server(self) -> EmbeddedServer | None:
@@ -122,7 +126,7 @@ class LocalMesh:
             # later `mesh model deploy` finds an agent that can hand it to its workers.
             wanted += [Identity.agent(self.node_id), Identity.worker(self.node_id)]
         if c.sim_nodes:
-            wanted.append(Identity.fleet(FLEET_PREFIX))
+            wanted.append(Identity.fleet(c.fleet_prefix))
         return wanted
 
     def _prepare_certs(self) -> TlsFiles:
@@ -159,13 +163,19 @@ class LocalMesh:
             tmp.replace(dst)
         return d
 
+    def _tls_and_users(self) -> tuple[TlsFiles | None, list[UserPermission]]:
+        """The servers' TLS and per-identity users on a secure mesh (certificates made
+        first), (None, []) on an insecure one."""
+        c = self.config
+        if self.certs_dir is None:
+            return None, []
+        tls = self._prepare_certs()
+        fleets = {c.fleet_prefix: fleet_node_ids(c.fleet_prefix, c.sim_nodes)}
+        return tls, server_users(c.region, pki.identities(self.certs_dir), fleets=fleets)
+
     def _server_configs(self) -> list[ServerConfig]:
         c = self.config
-        tls = users = None
-        if self.certs_dir is not None:
-            tls = self._prepare_certs()
-            fleets = {FLEET_PREFIX: fleet_node_ids(FLEET_PREFIX, c.sim_nodes)}
-            users = server_users(c.region, pki.identities(self.certs_dir), fleets=fleets)
+        tls, users = self._tls_and_users()
         n = c.nats_servers
         if n <= 1:
             return [
@@ -236,8 +246,13 @@ class LocalMesh:
         self.reaper.watch(name, pid)
 
     def start(self) -> None:
-        c = self.config
-        c.state_dir.mkdir(parents=True, exist_ok=True)
+        self.start_servers()
+        self.start_processes()
+
+    def start_servers(self) -> None:
+        """The region's nats-server(s) only: a federation starts every region's before
+        any region's streams (JetStream's meta group spans them all)."""
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
         for i, cfg in enumerate(self._server_configs()):
             server = EmbeddedServer(cfg, preexec_fn=death_signal_preexec())
             self.servers.append(server)
@@ -246,6 +261,10 @@ class LocalMesh:
             finally:
                 if server.proc is not None:
                     self._watch(f"nats-server-{i + 1}", server.proc.pid)
+
+    def start_processes(self) -> None:
+        """The streams, then the coordinators, agents and router (after `start_servers`)."""
+        c = self.config
         if self.certs_dir is not None or len(self.servers) > 1:
             self._create_streams()
         verify = []
@@ -285,7 +304,8 @@ class LocalMesh:
         verify = []
         if self.certs_dir is not None:
             verify = ["--verify-key", str(pki.verify_key_path(self.certs_dir))]
-        args = ["agent", "--simulate", str(self.config.sim_nodes), "--prefix", FLEET_PREFIX]
+        c = self.config
+        args = ["agent", "--simulate", str(c.sim_nodes), "--prefix", c.fleet_prefix]
         return self._spawn("hollow", [*args, *verify])
 
     def _create_streams(self, timeout: float = 30.0) -> None:
@@ -385,7 +405,11 @@ class LocalMesh:
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
 
     def stop(self, timeout: float = 10.0) -> None:
-        # Agents first (they stop their tasks), then coordinators, then the server.
+        self.stop_processes(timeout)
+        self.stop_servers()
+
+    def stop_processes(self, timeout: float = 10.0) -> None:
+        """The children: agents first (they stop their tasks), then coordinators."""
         order = sorted(self.children, key=lambda n: (not n.startswith(("agent", "hollow")), n))
         for name in order:
             proc = self.children[name]
@@ -400,6 +424,9 @@ class LocalMesh:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.children.clear()
+
+    def stop_servers(self) -> None:
+        """The servers, and the reaper (nothing left for it to end)."""
         for server in self.servers:
             server.stop()
         self.servers = []

@@ -103,7 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     up = sub.add_parser("up", help="run a whole region on this machine until interrupted")
-    up.add_argument("--sim-nodes", type=int, default=0, help="simulated nodes to add")
+    up.add_argument(
+        "--sim-nodes",
+        type=int,
+        default=None,
+        help="simulated nodes to add (per region with --regions, default 2 there, else 0)",
+    )
     up.add_argument("--candidates", type=int, default=2, help="coordinator candidates")
     up.add_argument("--port", type=int, default=4222, help="NATS port (0: any free port)")
     up.add_argument(
@@ -122,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         choices=[1, 3],
         help="NATS servers clustered on loopback (3: streams with 3 replicas)",
+    )
+    up.add_argument(
+        "--regions",
+        metavar="A,B,...",
+        help="a federation: one nats-server per region joined by gateways (TLS), each "
+        "region's coordinators and hollow nodes, no real agent; --port is the first "
+        "region's, the others take the next ports (docs/federation.md)",
     )
     up.add_argument(
         "--inference-workers",

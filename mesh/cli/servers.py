@@ -19,6 +19,10 @@ from mesh.signing import KEY_FILE, PUB_FILE, key_path
 
 
 def up(args: argparse.Namespace, ctx: Context) -> int:
+    if args.regions is not None:
+        from mesh.cli.federation_up import up_regions
+
+        return up_regions(args, ctx)
     from mesh.cli.launcher import LocalMesh, LocalMeshConfig
 
     state_dir = Path(args.state_dir) if args.state_dir else mesh_home() / "up"
@@ -28,7 +32,7 @@ def up(args: argparse.Namespace, ctx: Context) -> int:
             region=ctx.region,
             candidates=args.candidates,
             real_agent=not args.no_agent,
-            sim_nodes=args.sim_nodes,
+            sim_nodes=args.sim_nodes or 0,
             port=args.port,
             log_level=args.log_level,
             secure=not (args.insecure or args.up_insecure),

@@ -16,6 +16,10 @@ Replies come back on the identity's own inbox prefix (see `mesh.security.identit
 A user may also send the NATS micro discovery requests (`$SRV.PING`, `$SRV.INFO`,
 `$SRV.STATS`, with or without a service name and id), and nothing else under `$SRV`.
 
+Federation (docs/federation.md): the coordinators, and only they, may publish and
+subscribe to `mesh.fed.>`, which every region's coordinators share across the gateways;
+everyone else keeps their own region's subjects only.
+
 Inference (docs/inference_deploy.md): a `router` takes client requests and sends batches
 to workers; a `worker` (the identity an agent hands to the inference tasks it runs)
 announces itself and answers batches. Neither may touch the API, JetStream, node state
@@ -119,7 +123,9 @@ def _consumer_calls(stream: str, consumer: str, filter_subject: str | None) -> l
 def permissions(region: str, identity: Identity, *, fleet_nodes: Sequence[str] = ()) -> Permissions:
     """The permissions of `identity` in `region`. A fleet speaks for `fleet_nodes`,
     each of which must be named `<prefix>-...` (hollow nodes are)."""
-    r = subjects.token(region, "region")
+    # Not `fed`: that region's subjects would be the federation's (a user could publish
+    # summaries).
+    r = subjects.region_token(region)
     inbox = identity.inbox_prefix + ".>"
     if identity.kind == AGENT:
         node = identity.name
@@ -189,11 +195,11 @@ def permissions(region: str, identity: Identity, *, fleet_nodes: Sequence[str] =
                 f"{JS_ACK}.>",
                 JS_FLOW_CONTROL,
                 f"$KV.{subjects.lease_bucket(r)}.>",
-                subjects.fed_summary(r),  # its region's summary, for the others
+                subjects.fed_all(),  # region summaries, forwarded jobs
             ),
             subscribe=(
                 subjects.state_all(r),
-                subjects.fed_summary_all(),  # every region's
+                subjects.fed_all(),
                 _all_under(subjects.api(r, "x")),
                 _all_under(subjects.leader_api(r, "x")),
                 SERVICE_DISCOVERY,

@@ -1,5 +1,7 @@
-"""A small CA for one region: the CA, the NATS server's certificate, and one client
-certificate per identity (`mesh certs init` / `mesh certs issue`).
+"""A small CA for a mesh: the CA, the NATS servers' certificate (and their peer
+certificate for gateways and routes, `gateway.crt`), and one client certificate per
+identity (`mesh certs init` / `mesh certs issue`). One CA serves every region of a
+federation (docs/federation.md).
 
 Keys are ECDSA P-256 (fast to make and to handshake with); private keys are written
 0600 and never overwritten. The CA key stays in the directory: whoever holds it can
@@ -31,6 +33,9 @@ from mesh.security.identity import (
 CA_DAYS = 3650
 LEAF_DAYS = 825
 DEFAULT_HOSTS = ("127.0.0.1", "localhost")
+# The servers' certificate towards each other (gateways, routes): see `ensure_gateway`.
+GATEWAY_STEM = "gateway"
+GATEWAY_CERT, GATEWAY_KEY = f"{GATEWAY_STEM}.crt", f"{GATEWAY_STEM}.key"
 
 
 class CertError(RuntimeError):
@@ -99,6 +104,7 @@ def _issue_leaf(
     cn: str,
     *,
     server_hosts: list[str] | None = None,
+    peer: bool = False,
 ) -> Path:
     crt, keyp = certs_dir / f"{stem}.crt", certs_dir / f"{stem}.key"
     if crt.exists() or keyp.exists():
@@ -121,9 +127,10 @@ def _issue_leaf(
             except ValueError:
                 sans.append(x509.DNSName(h))
         b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        b = b.add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
-        )
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH]
+        if peer:  # a gateway or route dials its peers as well as accepting them
+            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
+        b = b.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
     else:
         b = b.add_extension(
             x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
@@ -192,7 +199,7 @@ def identities(certs_dir: str | Path) -> list[Identity]:
     common names, not their file names)."""
     out = []
     for crt in sorted(Path(certs_dir).glob("*.crt")):
-        if crt.name in (CA_CERT, SERVER_CERT):
+        if crt.name in (CA_CERT, SERVER_CERT, GATEWAY_CERT):
             continue
         cert = x509.load_pem_x509_certificate(crt.read_bytes())
         cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
@@ -210,6 +217,54 @@ def server_files(certs_dir: str | Path) -> tuple[Path, Path, Path]:
     for f in files:
         if not f.exists():
             raise CertError(f"{f} is missing: run `mesh certs init {d}`")
+    return files
+
+
+def server_hosts(certs_dir: str | Path) -> list[str]:
+    """The names and addresses the server certificate is good for."""
+    crt = server_files(certs_dir)[1]
+    cert = x509.load_pem_x509_certificate(crt.read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return [str(v) for v in san.get_values_for_type(x509.IPAddress)] + list(
+        san.get_values_for_type(x509.DNSName)
+    )
+
+
+def gateway_hosts(certs_dir: str | Path) -> list[str]:
+    """The DNS names in the gateway certificate: a peer's URL must use one of them
+    (nats-server's `verify_cert_and_check_known_urls` matches DNS names only)."""
+    cert = x509.load_pem_x509_certificate(gateway_files(certs_dir)[1].read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return list(san.get_values_for_type(x509.DNSName))
+
+
+def ensure_gateway(certs_dir: str | Path, hosts: list[str] | tuple[str, ...] = ()) -> Path:
+    """The servers' peer certificate (`gateway.crt`), made once from the server
+    certificate's names: gateways and routes present it both when they dial a peer and
+    when they accept one, so it is good for client and server authentication, which
+    `server.crt` (server only) is not. A directory made before gateways existed gets it
+    on first use; its names are the server certificate's, so `mesh certs init --host`
+    names every region's server host; or `hosts` (beside loopback), e.g. the hosts of
+    the gateway URLs when they are not the client URLs' (`mesh certs issue --gateway
+    --host`)."""
+    d = Path(certs_dir)
+    crt = d / GATEWAY_CERT
+    if crt.exists() and (d / GATEWAY_KEY).exists():
+        return crt
+    for h in hosts:
+        if not h or any(c.isspace() for c in h):
+            raise CertError(f"bad host name {h!r}")
+    names = [*DEFAULT_HOSTS, *hosts] if hosts else server_hosts(d)
+    return _issue_leaf(d, GATEWAY_STEM, "mesh gateway", server_hosts=names, peer=True)
+
+
+def gateway_files(certs_dir: str | Path) -> tuple[Path, Path, Path]:
+    """(ca, gateway cert, gateway key), checked to exist."""
+    d = Path(certs_dir)
+    files = (d / CA_CERT, d / GATEWAY_CERT, d / GATEWAY_KEY)
+    for f in files:
+        if not f.exists():
+            raise CertError(f"{f} is missing: run `mesh certs issue {d} --gateway`")
     return files
 
 
