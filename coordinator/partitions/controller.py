@@ -13,8 +13,9 @@ The rules (README.md beside this file has them with their anchors):
   its nodes are hot now (a spike). When it has been cold (below ``cold_fraction``, and not
   forecast otherwise) for ``return_after_s`` it gives nodes back: borrowed ones (``home``
   set) home first, then its own to ``batch``, down to its minimum. In the dead band
-  between, nothing moves. After each move the dwell starts again: borrowing repeats every
-  ``borrow_after_s`` at most, returning every ``return_after_s`` (borrow fast, return slowly).
+  between, nothing moves. After each borrow the dwell starts again (borrowing repeats
+  every ``borrow_after_s`` at most); giving back, once cold for ``return_after_s``,
+  goes on each interval while it stays cold (borrow fast, return slowly).
 - It moves only as many nodes as bring the hot fraction to the middle of the dead band
   (borrowing counts the nodes already on their way; returning also keeps the partition's
   p90, spread over the nodes left, at or below the busy line), and never more than the
