@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mesh.partitions")
 
+TICK_S = 1.0
+"""The longest the loop sleeps before it looks at the config's interval again."""
+
 Decide = Callable[[PartitionsConfig, Sequence[NodeFacts], float], tuple[Sequence[Move], str]]
 
 
@@ -47,8 +50,20 @@ class PartitionLoop:
         self.last_why = ""
 
     async def run(self) -> None:
+        # A new term: what the controller remembers of hot and cold is from the last time
+        # this candidate led, minutes or days ago; the windows (fed all along) are current.
+        if self.hold is not None:
+            self.hold()
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(self.leader.state.partitions.config.interval_s)
+            # Ticks of at most a second, so a newly applied interval_s counts at once
+            # rather than after the old interval has run out.
+            interval = self.leader.state.partitions.config.interval_s
+            await asyncio.sleep(max(0.0, min(TICK_S, last + interval - time.monotonic())))
+            interval = self.leader.state.partitions.config.interval_s
+            if time.monotonic() - last < interval:
+                continue
+            last = time.monotonic()
             try:
                 await self.step(time.time())
             except (Fenced, Unavailable) as exc:
