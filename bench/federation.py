@@ -102,7 +102,7 @@ def short_job(name: str, duration: float, spill_after: float | None = None) -> d
     }
     if spill_after is not None:
         spec["regions"] = list(REGIONS)
-        spec["spill"] = {"after": f"{spill_after:g}s"}
+        spec["spill"] = {"after": f"{round(spill_after * 1000)}ms"}
     return spec
 
 
