@@ -35,7 +35,7 @@ def _repo_files() -> dict[str, tuple[int, int]]:
 
 def test_the_runner_lists_the_benches():
     names = available()
-    assert {"api", "failover", "footprint", "inference", "placement"} <= set(names)
+    assert {"api", "failover", "federation", "footprint", "inference", "placement"} <= set(names)
     r = subprocess.run(
         [sys.executable, "-m", "bench", "--help"], capture_output=True, text=True, timeout=60
     )
