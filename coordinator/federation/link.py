@@ -79,6 +79,10 @@ ENDED = (JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED)
 TO_HOLDER = ("nominate", "confirm", "revoke")
 
 
+class NotYet(Exception):
+    """A message this leader cannot judge yet: it is delivered again shortly."""
+
+
 def inbox_config(region: str, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
         name=subjects.fed_stream(region),
@@ -147,6 +151,7 @@ class FedLink:
         self._pull: PullLoop | None = None
         self._task: asyncio.Task | None = None
         self._last_resync = 0.0
+        self._since = 0.0  # (monotonic) when this term's link started
 
     # ------------------------------------------------------------ lifecycle
 
@@ -157,6 +162,7 @@ class FedLink:
         except BadRequestError:
             pass  # there already, with another config: its subjects are what matter
         self.leader = leader
+        self._since = time.monotonic()
         self._pull = PullLoop(
             "fed-inbox", self._subscribe, self._handle, batch=256, wait_s=1.0, linger_s=0.002
         )
@@ -198,6 +204,10 @@ class FedLink:
         for msg in msgs:
             try:
                 await self._receive(msg)
+            except NotYet:
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=0.5)
+                continue
             except (Fenced, Unavailable) as exc:
                 log.warning("federation message not acted on, will come again: %s", exc)
                 with contextlib.suppress(Exception):
@@ -257,6 +267,12 @@ class FedLink:
         msg = to_core(m)
         fits_here = False
         spec = None
+        if (
+            m.kind == "nominate"
+            and time.monotonic() - self._since < self.coord.config.suspect_after
+        ):
+            # A new leader has not heard from its nodes yet: it would refuse for no room.
+            raise NotYet()
         if m.kind in ("nominate", "confirm"):
             spec = self._guest_spec(m.spec)
             fits_here = spec is not None and self._fits_here(spec, now)
