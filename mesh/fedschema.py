@@ -95,7 +95,7 @@ def decode_fed(data: bytes) -> FedMessage:
     must be subject tokens; a nomination or confirm must carry a spec)."""
     msg = decode(FedMessage, data, max_size=MAX_MESSAGE)
     if not (is_token(msg.home) and is_token(msg.holder)) or msg.home == msg.holder:
-        raise WireError(f"home {msg.home!r} and holder {msg.holder!r}: two distinct regions")
+        raise WireError("home", f"{msg.home!r} and holder {msg.holder!r}: two distinct regions")
     if msg.kind in ("nominate", "confirm") and not msg.spec:
-        raise WireError(f"a {msg.kind} carries the job's spec")
+        raise WireError("spec", f"a {msg.kind} carries the job's spec")
     return msg
