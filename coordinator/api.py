@@ -29,7 +29,7 @@ from coordinator.pooling import pool_rows, pool_view
 from coordinator.pools import parse_pool_tree
 from coordinator.pools.default import job_pool, with_default_pool
 from coordinator.pools.tree import load_pool_source
-from coordinator.views import job_detail, node_summary
+from coordinator.views import job_detail, job_federation, node_summary
 from mesh import jsonwire, subjects
 from mesh.codec import WireError, decode, encode, pack
 from mesh.logs import Throttle
@@ -488,7 +488,8 @@ class Api:
         job = self._job(_decode(JobRef, data).job_id)
         leader = self.coord.leader
         reason = leader.unplaced.get(job.job_id) if leader is not None else None
-        return ok(job=job_detail(job, reason))
+        fed = job_federation(self.coord.state, self.coord.region, job.job_id)
+        return ok(job=job_detail(job, reason, fed))
 
     async def job_list(self, data: bytes) -> bytes:
         req = _decode(JobListRequest, data or b"\x80")

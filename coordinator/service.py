@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from coordinator.api import Api
 from coordinator.cluster import ClusterView
 from coordinator.federation.board import Board, BoardConfig
+from coordinator.federation.link import FedLink
+from coordinator.federation.model import FederationConfig
 from coordinator.federation.summary import summarize
 from coordinator.joblog import LogFollower
 from coordinator.leader import Leader
@@ -64,6 +66,7 @@ class CoordinatorConfig:
     connect_options: dict = field(default_factory=dict)
     signing_key: str | None = None  # Ed25519 PEM: the leader signs every assignment with it
     summaries: BoardConfig = field(default_factory=BoardConfig)  # region summaries
+    federation: FederationConfig = field(default_factory=FederationConfig)  # forwarding jobs
 
 
 class Coordinator:
@@ -84,6 +87,7 @@ class Coordinator:
         self.leader: Leader | None = None
         self.api = Api(self)
         self.board = Board(self.region, config.summaries, self._summary)
+        self.link = FedLink(self)  # forwarding jobs between regions, while leading
         self.bad_states = 0
         self.nc = None
         self.js = None
@@ -194,6 +198,11 @@ class Coordinator:
                     asyncio.ensure_future(self._resign(term))
                 return
             self.leader = leader
+            try:
+                await self.link.start(leader)
+            except Exception as exc:  # its inbox comes back with the next term
+                log.warning("federation link not started (term %d): %s", term, exc)
+                await self.link.stop()
             await self.api.start_leading()
             log.info(
                 "%s leads region %s (term %d)",
@@ -218,6 +227,7 @@ class Coordinator:
                 self.leader = leader
                 return
             await self.api.stop_leading()
+            await self.link.stop()
             await leader.stop()
             log.info(
                 "%s stepped down (term %d)",

@@ -20,6 +20,8 @@ from coordinator.pools.jobs import PendingJob
 from mesh.schema import (
     BreakGlassEnded,
     BreakGlassSet,
+    FedHoldRecorded,
+    FedHomeRecorded,
     JobKillRequested,
     JobSubmitted,
     JobUpdated,
@@ -144,9 +146,15 @@ class JobRecord:
     generation: int = 0  # services: bumped by every JobUpdated
     updated_at: float | None = None
     placed_ever: bool = False
+    # Federation: offered to, held by or ended in another region (then out of the
+    # placement queue), and the outcome that region reported.
+    away: bool = False
+    remote_outcome: str = ""
 
     @property
     def state(self) -> JobState:
+        if self.remote_outcome:
+            return JobState.__members__.get(self.remote_outcome.upper(), JobState.FAILED)
         if self.spec.is_service:
             return self._service_state()
         if not any(self.counts.get(s) for s in UNSETTLED):
@@ -304,6 +312,12 @@ class RegionState:
         self._recount_due: dict[str, JobRecord] = {}  # jobs an entry moved, counted after it
         # Which partition each node is in, moves in flight, break-glass (docs/partitions.md).
         self.partitions = Membership()
+        # Federation (coordinator/federation/fold.py): per job, the home's latest record
+        # (jobs of this region), the holder's (other regions' jobs, the same id here), and
+        # the jobs submitted here that may spill.
+        self.fed_home: dict[str, FedHomeRecorded] = {}
+        self.fed_held: dict[str, FedHoldRecorded] = {}
+        self.federated: set[str] = set()
 
     # ------------------------------------------------------------ fold
 
@@ -339,7 +353,8 @@ class RegionState:
         elif isinstance(ev, JobKillRequested):
             job = self.jobs.get(ev.job_id)
             if job is not None and not job.kill_requested:
-                _add_to(self.pool_pending, job.spec.pool, job.pending_resources, -1)
+                if not job.away:
+                    _add_to(self.pool_pending, job.spec.pool, job.pending_resources, -1)
                 job.kill_requested = True
                 self.queue_changes.add(job.job_id)
                 job.kill_reason = ev.reason
@@ -377,6 +392,33 @@ class RegionState:
             self.leader_id = ev.leader_id
         elif isinstance(ev, _PARTITION_EVENTS):
             self._partition_event(ev)
+        elif isinstance(ev, FedHomeRecorded):
+            self._fed_home(ev)
+        elif isinstance(ev, FedHoldRecorded):
+            self.fed_held[ev.job_id] = ev  # (only its holder logs it: each supersedes the last)
+
+    def _fed_home(self, ev: FedHomeRecorded) -> None:
+        """The home's record of one of its jobs moved: the job leaves the placement queue
+        while another region has it (and comes back when it returns)."""
+        job = self.jobs.get(ev.job_id)
+        if job is None or job.job_id in self.fed_held:
+            self.ignored += 1
+            return
+        self.fed_home[ev.job_id] = ev
+        away = ev.phase in ("nominated", "held") or (ev.phase == "done" and bool(ev.region))
+        if ev.phase == "done" and ev.region:
+            job.remote_outcome = ev.outcome or "done"
+        if away != job.away:
+            job.away = away
+            if not job.kill_requested:
+                _add_to(self.pool_pending, job.spec.pool, job.pending_resources, -1 if away else 1)
+            if away and job.job_id in self.waiting:
+                self.waiting.discard(job.job_id)
+                del self.queue[job.order]
+                self.queue_changes.add(job.job_id)
+            elif not away and job.pending > 0:
+                self._wait(job)
+        self._recount_due[job.job_id] = job
 
     def _partition_event(self, ev: object) -> None:
         """Partition membership, moves and break-glass, kept by `Membership`. A node whose
@@ -432,6 +474,8 @@ class RegionState:
         self._wait(job)
         self.by_client[ev.client_id] = ev.job_id
         self.tasks.update(tasks)
+        if spec.spill_after_s is not None and spec.regions and ev.job_id not in self.fed_held:
+            self.federated.add(ev.job_id)  # (a job held for another region never spills on)
         if spec.is_service:
             self.services.add(job.job_id)
         self._recount_due[job.job_id] = job
@@ -671,6 +715,8 @@ class RegionState:
             job.pending_resources = job.pending_resources + task.resources
         else:
             job.pending_resources = job.pending_resources - task.resources
+        if job.away:
+            return  # (its home's queue and pools do not count it while it is away)
         if not job.kill_requested:
             _add_to(self.pool_pending, job.spec.pool, task.resources, delta)
         if job.pending > 0:

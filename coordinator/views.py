@@ -8,7 +8,29 @@ from coordinator.partitions.views import node_partition
 from coordinator.state import JobRecord, RegionState
 
 
-def job_detail(job: JobRecord, pending_reason: str | None) -> dict:
+def job_federation(state: RegionState, region: str, job_id: str) -> dict | None:
+    """Where a federated job is (docs/federation.md): at its home, its phase, the region
+    offered or holding it, the epoch and the outcome there; at a region holding it for
+    another, its origin (home) and epoch. None for a job that never leaves its region."""
+    held = state.fed_held.get(job_id)
+    if held is not None:
+        return {"origin": held.home, "epoch": held.epoch, "hold": held.phase, "note": held.note}
+    rec = state.fed_home.get(job_id)
+    if rec is not None:
+        return {
+            "home": rec.home,
+            "phase": rec.phase,
+            "region": rec.region,
+            "epoch": rec.epoch,
+            "outcome": rec.outcome,
+            "why": rec.why,
+        }
+    if job_id in state.federated:
+        return {"home": region, "phase": "local", "region": "", "epoch": 0, "outcome": ""}
+    return None
+
+
+def job_detail(job: JobRecord, pending_reason: str | None, federation: dict | None = None) -> dict:
     spec = job.spec.to_dict()
     for group in spec.get("tasks", []):
         if group.get("env"):
@@ -20,6 +42,7 @@ def job_detail(job: JobRecord, pending_reason: str | None) -> dict:
         "pending_reason": pending_reason,
         "spec": spec,
         "task_list": [t.to_dict() for t in job.tasks.values()],
+        "federation": federation,
     }
 
 

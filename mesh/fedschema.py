@@ -9,12 +9,24 @@ and raises `WireError` and nothing else, so a receiver counts and drops what fai
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from mesh import schema as _schema  # noqa: F401  (registers the Resources converter)
 from mesh.codec import MAX_MESSAGE, WireError, decode, wf
+from mesh.subjects import is_token
 from workloads.resources import Resources
 
-__all__ = ["HEALTH", "MAX_POOLS", "MAX_SHAPES", "RegionSummary", "WireError", "decode_summary"]
+__all__ = [
+    "FED_KINDS",
+    "HEALTH",
+    "MAX_POOLS",
+    "MAX_SHAPES",
+    "FedMessage",
+    "RegionSummary",
+    "WireError",
+    "decode_fed",
+    "decode_summary",
+]
 
 MAX_SHAPES = 32  # largest free node shapes a summary carries: enough to judge a gang
 MAX_POOLS = 256  # pools with a queue a summary names (the deepest); `queued` counts all
@@ -48,3 +60,42 @@ class RegionSummary:
 def decode_summary(data: bytes) -> RegionSummary:
     """A summary off the wire; `WireError` for anything malformed."""
     return decode(RegionSummary, data, max_size=MAX_MESSAGE)
+
+
+# ---------------------------------------------------------------- forwarded jobs
+
+# The federation core's messages (coordinator/federation/messages.py), by kind.
+FED_KINDS = ("nominate", "confirm", "revoke", "admitted", "refused", "gave_up", "finished")
+ID = 256  # longest job id (as mesh.schema)
+
+
+@dataclass(frozen=True, slots=True)
+class FedMessage:
+    """One message of the forwarding protocol, home <-> holder, as it crosses between
+    regions (published into the receiver's inbox stream). `kind` names the core's
+    message; `running`, `reason`, `outcome` are its kind's own fields; `spec` (the job
+    spec's `to_dict`) travels with a nomination and a confirm, so the holder can judge
+    the job and then run it without ever reading the home's log."""
+
+    kind: str = wf(choices=FED_KINDS)
+    job: str = wf(max_len=ID)
+    epoch: int = wf(ge=0)
+    home: str = wf(max_len=64)
+    holder: str = wf(max_len=64)
+    running: bool = False
+    reason: str = wf("", max_len=1024)
+    outcome: str = wf("", max_len=64)
+    spec: dict[str, Any] | None = None
+    ts: float = 0.0
+    v: int = 1
+
+
+def decode_fed(data: bytes) -> FedMessage:
+    """A forwarding message off the wire; `WireError` for anything malformed (its regions
+    must be subject tokens; a nomination or confirm must carry a spec)."""
+    msg = decode(FedMessage, data, max_size=MAX_MESSAGE)
+    if not (is_token(msg.home) and is_token(msg.holder)) or msg.home == msg.holder:
+        raise WireError("home", f"{msg.home!r} and holder {msg.holder!r}: two distinct regions")
+    if msg.kind in ("nominate", "confirm") and not msg.spec:
+        raise WireError("spec", f"a {msg.kind} carries the job's spec")
+    return msg

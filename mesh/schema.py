@@ -58,6 +58,8 @@ __all__ = [
     "BreakGlassSet",
     "BreakGlassEnded",
     "PartitionsConfigSet",
+    "FedHomeRecorded",
+    "FedHoldRecorded",
     "PartitionRef",
     "PartitionApplyRequest",
     "PartitionMoveRequest",
@@ -516,6 +518,51 @@ class PartitionsConfigSet:
     ts: float = 0.0
 
 
+# ---------------------------------------------------------------- federation (docs/federation.md)
+
+FED_HOME_PHASES = ("local", "nominated", "held", "done")  # coordinator/federation/epochs.Phase
+FED_HOLD_PHASES = ("reserved", "running", "refused", "released", "finished")  # holder.Hold
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class FedHomeRecorded:
+    """The home's record of a federated job after a transition (epochs.HomeRecord, its
+    policy aside: that is the job's spec). Each one replaces the last, so a new leader's
+    fold holds what its predecessor decided. `why`: the core's one line."""
+
+    job_id: str = wf(max_len=ID)
+    home: str = wf(max_len=64)
+    phase: str = wf(choices=FED_HOME_PHASES)
+    epoch: int = wf(ge=0)
+    region: str = wf("", max_len=64)
+    since: float = 0.0
+    queued_since: float = 0.0
+    tried: tuple[str, ...] = wf((), max_len=64)
+    last_try: float | None = None
+    outcome: str = wf("", max_len=64)
+    why: str = wf("", max_len=1024)
+    ts: float = 0.0
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class FedHoldRecorded:
+    """A holder's record of another region's job after a transition (holder.HolderRecord):
+    the highest epoch seen and what became of it. With `running`, the same log entry
+    submits the job here under the home's job id."""
+
+    job_id: str = wf(max_len=ID)
+    home: str = wf(max_len=64)
+    holder: str = wf(max_len=64)
+    epoch: int = wf(ge=0)
+    phase: str = wf(choices=FED_HOLD_PHASES)
+    since: float = 0.0
+    note: str = wf("", max_len=1024)
+    why: str = wf("", max_len=1024)
+    ts: float = 0.0
+
+
 LogEvent = (
     JobSubmitted
     | TaskPlaced
@@ -532,6 +579,8 @@ LogEvent = (
     | BreakGlassSet
     | BreakGlassEnded
     | PartitionsConfigSet
+    | FedHomeRecorded
+    | FedHoldRecorded
 )
 
 

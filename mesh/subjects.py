@@ -140,6 +140,7 @@ def region_token(region: str) -> str:
         raise SubjectError(f"region {region!r} is reserved: mesh.{FED}.* is the federation's")
     return region
 
+
 def fed_summary(region: str) -> str:
     """Where a region's leader publishes its summary (coordinator/federation/summary.py)."""
     return f"mesh.fed.summary.{token(region, 'region')}"
@@ -155,3 +156,32 @@ def fed_summary_region(subject: str) -> str | None:
     prefix = "mesh.fed.summary."
     rest = subject[len(prefix) :] if subject.startswith(prefix) else ""
     return rest if is_token(rest) else None
+
+
+# Forwarded jobs (coordinator/federation/link.py): each region's leader reads one inbox
+# stream in its own cluster; a message to region R from region S is published on
+# `mesh.fed.in.R.S`. (`in` comes before the region so that no region name, `summary`
+# included, can make an inbox subject overlap the summaries'.)
+def fed_inbox(region: str, sender: str) -> str:
+    return f"mesh.fed.in.{region_token(region)}.{region_token(sender)}"
+
+
+def fed_inbox_all(region: str) -> str:
+    """Everything sent to `region`: its inbox stream's subjects."""
+    return f"mesh.fed.in.{region_token(region)}.*"
+
+
+def fed_inbox_sender(region: str, subject: str) -> str | None:
+    """The sending region an inbox subject of `region` names, or None."""
+    prefix = f"mesh.fed.in.{region}."
+    rest = subject[len(prefix) :] if subject.startswith(prefix) else ""
+    return rest if is_token(rest) else None
+
+
+def fed_stream(region: str) -> str:
+    return f"FED_{region_token(region)}"
+
+
+def fed_consumer() -> str:
+    """The durable consumer of a region's inbox, shared by successive leaders."""
+    return "leader"

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from workloads import federation as _fed
 from workloads.load import LoadCurve, load_to_dict, parse_load
 from workloads.quantity import (
     SpecError,
@@ -122,6 +123,7 @@ JOB_FIELDS = (  # the top-level fields of a job spec
     "partition",
     "update",
     "health",
+    *_fed.FIELDS,  # regions, spill, lost_after (workloads/federation.py)
 )
 _GROUP_FIELDS = ("role", "count", "command", "env", "workdir", "resources", "simulate")
 _RESTART_FIELDS = ("max_retries", "reschedule_on_lost", "backoff", "max_backoff")
@@ -267,6 +269,12 @@ class JobSpec:
     partition: str = ""  # "": the kind's own (stateless for services, batch for batch jobs)
     update: UpdatePolicy = DEFAULT_UPDATE  # services only
     health: HealthCheck | None = None  # services only
+    # Federation (workloads/federation.py): preferred regions, how long it waits at home
+    # before it may spill (None: never), how long a region holding it may be away (None:
+    # for ever) before the home places it again.
+    regions: tuple[str, ...] = ()
+    spill_after_s: float | None = None
+    lost_after_s: float | None = None
 
     @property
     def is_service(self) -> bool:
@@ -335,6 +343,7 @@ class JobSpec:
                     "healthy_after": h.healthy_after,
                     "unhealthy_after": h.unhealthy_after,
                 }
+        out.update(_fed.to_dict(self.regions, self.spill_after_s, self.lost_after_s))
         return out
 
 
@@ -588,6 +597,7 @@ def _job(data: object) -> JobSpec:
     tasks = _tasks(f.get("tasks"))
     partition = _partition(f.get("partition", ""))
     update, health = _service_fields(f, service, max_run_time, min_tasks)
+    regions, spill_after, lost_after = _fed.parse(f)
     if min_tasks is not None:
         total = sum(g.count for g in tasks)
         min_tasks = _int(min_tasks, "min_tasks", 1, total, "the job's task count")
@@ -612,6 +622,9 @@ def _job(data: object) -> JobSpec:
         partition=partition,
         update=update,
         health=health,
+        regions=regions,
+        spill_after_s=spill_after,
+        lost_after_s=lost_after,
     )
 
 

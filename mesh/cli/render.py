@@ -164,6 +164,24 @@ def preemptions(job: dict) -> list[str]:
     return lines
 
 
+def federation(fed: dict | None) -> list[str]:
+    """Where a federated job is: held for another region (its origin), or, at its home,
+    offered to / held by / ended in another region (docs/federation.md)."""
+    if not fed:
+        return []
+    if fed.get("origin"):
+        return [f"origin   {fed['origin']} (epoch {fed['epoch']}, {fed.get('hold', '')})"]
+    where, epoch = fed.get("region") or "", fed.get("epoch", 0)
+    phase = fed.get("phase")
+    if phase == "nominated":
+        return [f"offered  to {where} (epoch {epoch})"]
+    if phase == "held":
+        return [f"held by  {where} (epoch {epoch})"]
+    if phase == "done" and where:
+        return [f"ran in   {where} (epoch {epoch}): {fed.get('outcome', '')}"]
+    return [f"home     {fed.get('home', '')} (epoch {epoch})"]
+
+
 def job_detail(job: dict, *, wide: bool = False, width: int | None = None) -> str:
     lines = [
         f"job      {job['job_id']}  ({job['name']})",
@@ -179,6 +197,7 @@ def job_detail(job: dict, *, wide: bool = False, width: int | None = None) -> st
         lines.append(f"killed   {job['kill_reason']}")
     if job.get("pending_reason"):
         lines.append(f"pending  {job['pending_reason']}")
+    lines += federation(job.get("federation"))
     lines += preemptions(job)
     rows = []
     for t in job["task_list"]:

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from mesh import codec
 from mesh.codec import MAX_DEPTH, MAX_MESSAGE, MAX_STR, WireError, to_wire
 from mesh.schema import (
+    FED_HOLD_PHASES,
+    FED_HOME_PHASES,
     MAX_EVENT_BATCH,
     MAX_REQUEST,
     Assignment,
@@ -24,6 +26,8 @@ from mesh.schema import (
     BreakGlassRequest,
     BreakGlassSet,
     ErrorCode,
+    FedHoldRecorded,
+    FedHomeRecorded,
     GpuProcessInfo,
     GpuStatus,
     HealthProbe,
@@ -312,7 +316,36 @@ break_glass_set = st.builds(
 )
 break_glass_ended = st.builds(BreakGlassEnded, reason=text(100), ts=floats())
 partitions_config_set = st.builds(PartitionsConfigSet, source=text(200), ts=floats())
+fed_home_recorded = st.builds(
+    FedHomeRecorded,
+    job_id=text(128),
+    home=text(64),
+    phase=st.sampled_from(FED_HOME_PHASES),
+    epoch=ints(),
+    region=text(64),
+    since=floats(),
+    queued_since=floats(),
+    tried=st.lists(text(64), max_size=4).map(tuple),
+    last_try=st.none() | floats(),
+    outcome=text(64),
+    why=text(100),
+    ts=floats(),
+)
+fed_hold_recorded = st.builds(
+    FedHoldRecorded,
+    job_id=text(128),
+    home=text(64),
+    holder=text(64),
+    epoch=ints(),
+    phase=st.sampled_from(FED_HOLD_PHASES),
+    since=floats(),
+    note=text(100),
+    why=text(100),
+    ts=floats(),
+)
 log_event = st.one_of(
+    fed_home_recorded,
+    fed_hold_recorded,
     job_updated,
     replica_added,
     task_stop_requested,
@@ -390,6 +423,8 @@ STRATEGIES = {
     BreakGlassSet: break_glass_set,
     BreakGlassEnded: break_glass_ended,
     PartitionsConfigSet: partitions_config_set,
+    FedHomeRecorded: fed_home_recorded,
+    FedHoldRecorded: fed_hold_recorded,
     PartitionRef: st.builds(PartitionRef, name=text(65)),
     PartitionApplyRequest: st.builds(PartitionApplyRequest, source=text(200)),
     PartitionMoveRequest: st.builds(

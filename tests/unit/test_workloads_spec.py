@@ -267,7 +267,7 @@ BAD = [
     (
         _job(bogus=1),
         "bogus",
-        "unknown field (known: health, kind, labels, max_run_time, min_tasks, name, partition",
+        "unknown field (known: health, kind, labels, lost_after, max_run_time, min_tasks, name",
     ),
     (
         _group(bogus=1),
