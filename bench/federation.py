@@ -148,6 +148,12 @@ class Mesh:
         for r in REGIONS:
             want = len(self.fleets[r].nodes)
             await _eventually(lambda r=r, w=want: _ready(self.clients[r], w), 30, f"{r} ready")
+        # Steady state, not start-up: every region hears every other's summary, and each
+        # leader has led for `suspect_after` (a new leader answers no nomination before it
+        # has heard its nodes).
+        await _eventually(lambda: _all_fresh(self.clients[HOME]), 30, "summaries fresh")
+        settle = max(c.config.suspect_after for c in self.coordinators)
+        await asyncio.sleep(settle)
 
     async def stop(self) -> None:
         for fleet in self.fleets.values():
@@ -177,6 +183,11 @@ async def _eventually(pred, timeout: float, what: str, interval: float = 0.1):
         if time.monotonic() > deadline:
             raise RuntimeError(f"bench federation: {what} not reached within {timeout:g}s")
         await asyncio.sleep(interval)
+
+
+async def _all_fresh(client: MeshClient) -> bool:
+    rows = (await client.request("region.list"))["regions"]
+    return {r["region"] for r in rows if r["status"] == "fresh"} >= set(REGIONS)
 
 
 async def _jetstream_ready(nc) -> bool:

@@ -70,7 +70,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mesh.coordinator.federation")
 
-TICK_S = 0.5  # the loop's period: spill decisions, time-outs, outbox
+TICK_S = 0.1  # the loop's period: spill decisions, time-outs, outbox (a spill is due to the tick)
 RESYNC_S = 5.0  # repeat what is owed (nominations unanswered, what a holder holds)
 PUBLISH_TIMEOUT_S = 2.0
 INBOX_MAX_AGE_S = 7 * 24 * 3600.0
@@ -81,6 +81,19 @@ TO_HOLDER = ("nominate", "confirm", "revoke")
 
 class NotYet(Exception):
     """A message this leader cannot judge yet: it is delivered again shortly."""
+
+
+@dataclasses.dataclass
+class _Pass:
+    """The transitions of one pass (an inbox batch, or a tick): logged in one append, then
+    their messages sent. A later decision of the same pass sees the records decided
+    earlier in it (`home`, `held`), which the fold has not seen yet. One append a pass
+    rather than one per message is what lets a burst of forwards go at hundreds a second."""
+
+    events: list[LogEvent] = dataclasses.field(default_factory=list)
+    send: list[Message] = dataclasses.field(default_factory=list)
+    home: dict[str, HomeRecord] = dataclasses.field(default_factory=dict)
+    held: dict[str, HolderRecord] = dataclasses.field(default_factory=dict)
 
 
 def inbox_config(region: str, replicas: int = 1) -> StreamConfig:
@@ -201,25 +214,32 @@ class FedLink:
     # ------------------------------------------------------------ inbox
 
     async def _handle(self, msgs: list) -> None:
+        batch = _Pass()
+        done, again = [], []
         for msg in msgs:
             try:
-                await self._receive(msg)
+                await self._receive(msg, batch)
             except NotYet:
-                with contextlib.suppress(Exception):
-                    await msg.nak(delay=0.5)
-                continue
-            except (Fenced, Unavailable) as exc:
-                log.warning("federation message not acted on, will come again: %s", exc)
-                with contextlib.suppress(Exception):
-                    await msg.nak(delay=0.5)
+                again.append(msg)
                 continue
             except Exception:
                 self.bad += 1
                 log.exception("federation message dropped: handling failed")
+            done.append(msg)
+        try:
+            await self._commit(batch)
+        except (Fenced, Unavailable) as exc:
+            log.warning("federation messages not acted on, will come again: %s", exc)
+            again, done = again + done, []
+        for msg in again:
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=0.5)
+        for msg in done:
             with contextlib.suppress(Exception):
                 await msg.ack()
+        await self._flush()
 
-    async def _receive(self, msg) -> None:
+    async def _receive(self, msg, batch: _Pass) -> None:
         sender = subjects.fed_inbox_sender(self.region, msg.subject)
         try:
             m = decode_fed(msg.data)
@@ -235,27 +255,29 @@ class FedLink:
             return
         self.received += 1
         if to_holder:
-            await self._as_holder(m)
+            self._as_holder(m, batch)
         else:
-            await self._as_home(m)
+            self._as_home(m, batch)
 
-    async def _as_home(self, m: FedMessage) -> None:
+    def _as_home(self, m: FedMessage, batch: _Pass) -> None:
         state = self.coord.state
         job = state.jobs.get(m.job)
         if job is None or m.job not in state.federated:
             self.bad += 1
             log.warning("federation %s from %s for unknown job %s dropped", m.kind, m.holder, m.job)
             return
-        rec = self._home_record(job.job_id)
+        rec = self._home_record(job.job_id, batch)
         msg = to_core(m)
         step = epochs.handle(rec, msg, time.time())  # type: ignore[arg-type]
-        await self._record_home(rec, step)
+        self._record_home(rec, step, batch)
 
-    async def _as_holder(self, m: FedMessage) -> None:
+    def _as_holder(self, m: FedMessage, batch: _Pass) -> None:
         state = self.coord.state
         now = time.time()
-        ev = state.fed_held.get(m.job)
-        if ev is None and m.job in state.jobs or ev is not None and ev.home != m.home:
+        rec = batch.held.get(m.job)
+        if rec is None and m.job in state.fed_held:
+            rec = hold_of(state.fed_held[m.job])
+        if rec is None and m.job in state.jobs or rec is not None and rec.home != m.home:
             # This region has a job of that id of its own (or another home's): not ours.
             reason = f"job id {m.job} is taken in {self.region}"
             if m.kind == "nominate":
@@ -263,7 +285,6 @@ class FedLink:
             elif m.kind == "confirm":
                 self._send(GaveUp(m.job, m.epoch, m.home, m.holder, reason))
             return
-        rec = hold_of(ev) if ev is not None else None
         msg = to_core(m)
         fits_here = False
         spec = None
@@ -279,7 +300,7 @@ class FedLink:
         step = holder.receive(rec, msg, fits_here, now)  # type: ignore[arg-type]
         if step.start is not None and spec is None:
             step = holder.give_up(step.record, "its spec is not valid here", now)
-        await self._record_hold(rec, step, spec)
+        self._record_hold(rec, step, batch, spec)
 
     def _guest_spec(self, source: Any) -> JobSpec | None:
         """Another region's job spec as it runs here: in this region's pool for it (`/`
@@ -302,7 +323,9 @@ class FedLink:
 
     # ------------------------------------------------------------ records
 
-    def _home_record(self, job_id: str) -> HomeRecord:
+    def _home_record(self, job_id: str, batch: _Pass) -> HomeRecord:
+        if job_id in batch.home:
+            return batch.home[job_id]
         state = self.coord.state
         job = state.jobs[job_id]
         ev = state.fed_home.get(job_id)
@@ -311,70 +334,76 @@ class FedLink:
             return epochs.new_job(job_id, self.region, policy, job.submitted_at)
         return home_of(ev, policy)
 
-    async def _append(self, events: list[LogEvent]) -> None:
-        leader = self.leader
-        if leader is None:
-            raise Unavailable("not leading")
-        await leader.writer.append(events)
-        leader.wake()
-
-    async def _record_home(self, rec: HomeRecord, step: HomeStep) -> None:
-        """Log the home's transition, then send what it says (logged first: a message
+    async def _commit(self, batch: _Pass) -> None:
+        """Log the pass's transitions, then queue what they send (logged first: a message
         sent for a transition a new leader would not know of could not be repeated)."""
-        if step.record != rec:
-            log.info("federation: job %s: %s", rec.job, step.why)
-            await self._append([home_event(step.record, step.why, time.time())])
-        for msg in step.send:
+        if batch.events:
+            leader = self.leader
+            if leader is None:
+                raise Unavailable("not leading")
+            await leader.writer.append(batch.events)
+            leader.wake()
+        for msg in batch.send:
             self._send(msg)
 
-    async def _record_hold(
-        self, rec: HolderRecord | None, step: HolderStep, spec: JobSpec | None = None
+    def _record_home(self, rec: HomeRecord, step: HomeStep, batch: _Pass) -> None:
+        if step.record != rec:
+            log.info("federation: job %s: %s", rec.job, step.why)
+            batch.events.append(home_event(step.record, step.why, time.time()))
+            batch.home[rec.job] = step.record
+        batch.send.extend(step.send)
+
+    def _record_hold(
+        self,
+        rec: HolderRecord | None,
+        step: HolderStep,
+        batch: _Pass,
+        spec: JobSpec | None = None,
     ) -> None:
         now = time.time()
-        events: list[LogEvent] = []
         if step.record != rec:
             log.info("federation: held job %s: %s", step.record.job, step.why)
-            events.append(hold_event(step.record, step.why, now))
+            batch.events.append(hold_event(step.record, step.why, now))
+            batch.held[step.record.job] = step.record
         if step.stop is not None:
             job = self.coord.state.jobs.get(step.stop.job)
             if job is not None and not job.kill_requested and job.state not in ENDED:
-                events.append(JobKillRequested(job.job_id, now, step.stop.reason[:1024]))
+                batch.events.append(JobKillRequested(job.job_id, now, step.stop.reason[:1024]))
         if step.start is not None and spec is not None:
             r = step.record
             client = f"fed:{r.home}:{r.job}:{r.epoch}"[:256]
-            events.append(JobSubmitted(r.job, client, spec.to_dict(), now))
-        if events:
-            await self._append(events)
-        for msg in step.send:
-            self._send(msg)
+            batch.events.append(JobSubmitted(r.job, client, spec.to_dict(), now))
+        batch.send.extend(step.send)
 
     # ------------------------------------------------------------ the loop
 
     async def tick(self) -> None:
         now = time.time()
         state = self.coord.state
+        batch = _Pass()
         for job_id in sorted(state.federated):
             job = state.jobs.get(job_id)
             if job is None or self.leader is None:
                 continue
-            rec = self._home_record(job_id)
+            rec = self._home_record(job_id, batch)
             if rec.phase is Phase.DONE or (rec.phase is Phase.LOCAL and job.state in ENDED):
                 continue
             if job.kill_requested:
                 if rec.phase is not Phase.LOCAL:
-                    await self._record_home(rec, epochs.cancel(rec, job.kill_reason, now))
+                    self._record_home(rec, epochs.cancel(rec, job.kill_reason, now), batch)
                 continue
             queued = job_id in state.waiting and job.pending == len(job.tasks)
             step = spill.tick(rec, self._views(job.spec, now), self.config, now, queued=queued)
-            await self._record_home(rec, step)
+            self._record_home(rec, step, batch)
         for ev in list(state.fed_held.values()):
             rec = hold_of(ev)
             if rec.phase is Hold.RESERVED:
-                await self._record_hold(rec, holder.expire_reservation(rec, self.config, now))
+                self._record_hold(rec, holder.expire_reservation(rec, self.config, now), batch)
             elif rec.phase is Hold.RUNNING:
                 job = state.jobs.get(rec.job)
                 if job is not None and job.state in ENDED:
-                    await self._record_hold(rec, holder.finish(rec, str(job.state), now))
+                    self._record_hold(rec, holder.finish(rec, str(job.state), now), batch)
+        await self._commit(batch)
         if now - self._last_resync >= RESYNC_S:
             self._resync()
         await self._flush()

@@ -311,7 +311,10 @@ async def test_a_new_leader_finishes_a_controller_move_the_dead_one_started(regi
     stopped = [
         h for j in done for t in j["task_list"] for h in t["history"] if h["state"] == "PREEMPTED"
     ]
-    assert {h["node_id"] for h in stopped} == moved
+    # (the new leader may borrow more later, for its own reasons: stateless stays hot
+    # while the moved node runs none of the service's load)
+    lent = {m.node_id for m in tap.moves() if m.desired == "stateless"}
+    assert moved <= {h["node_id"] for h in stopped} <= lent
     assert all("moves from batch to stateless: stateless hot: " in h["message"] for h in stopped)
 
 
