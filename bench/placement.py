@@ -736,12 +736,12 @@ def main(argv: list[str]) -> dict:
     p.add_argument("--phases", default="core,rounds,durable,e2e,ray")
     p.add_argument("--state-dir", help="keep logs here (default: a temporary directory)")
     p.add_argument(
-        "--quick", action="store_true", help="a smoke run: 200 nodes, 2,000 tasks, 3 s latency"
+        "--quick", action="store_true", help="a smoke run: 200 nodes, 500 tasks, 2 s latency"
     )
     args = p.parse_args(argv)
     if args.quick:
-        args.nodes, args.backlog, args.e2e, args.latency_s = 200, 2000, 2000, 3.0
-        args.baseline_tasks = 300
+        args.nodes, args.backlog, args.e2e, args.latency_s = 200, 500, 500, 2.0
+        args.baseline_tasks = 100
     args.phases = set(args.phases.split(","))
     args.sync = None if args.sync == "default" else args.sync
     return with_state_dir(

@@ -50,7 +50,15 @@ from coordinator.federation.messages import (
     dedup_id,
 )
 from coordinator.federation.model import RegionView
-from coordinator.federation.summary import FRESH, UNREACHABLE, demand_of, fits, status, summarize
+from coordinator.federation.summary import (
+    FRESH,
+    UNREACHABLE,
+    RegionSummary,
+    demand_of,
+    fits,
+    status,
+    summarize,
+)
 from coordinator.joblog import Fenced, Unavailable
 from coordinator.pools.default import job_pool
 from mesh import subjects
@@ -94,6 +102,7 @@ class _Pass:
     send: list[Message] = dataclasses.field(default_factory=list)
     home: dict[str, HomeRecord] = dataclasses.field(default_factory=dict)
     held: dict[str, HolderRecord] = dataclasses.field(default_factory=dict)
+    summary: RegionSummary | None = None  # this region's, once per pass (not per message)
 
 
 def inbox_config(region: str, replicas: int = 1) -> StreamConfig:
@@ -296,7 +305,7 @@ class FedLink:
             raise NotYet()
         if m.kind in ("nominate", "confirm"):
             spec = self._guest_spec(m.spec)
-            fits_here = spec is not None and self._fits_here(spec, now)
+            fits_here = spec is not None and self._fits_here(spec, now, batch)
         step = holder.receive(rec, msg, fits_here, now)  # type: ignore[arg-type]
         if step.start is not None and spec is None:
             step = holder.give_up(step.record, "its spec is not valid here", now)
@@ -317,9 +326,12 @@ class FedLink:
             return None
         return dataclasses.replace(spec, pool=pool)
 
-    def _fits_here(self, spec: JobSpec, now: float) -> bool:
-        """Admission from this region's own state now (as its summary says it)."""
-        return fits(summarize(self.coord.state, self.coord.cluster, now), demand_of(spec))
+    def _fits_here(self, spec: JobSpec, now: float, batch: _Pass) -> bool:
+        """Admission from this region's own state now (as its summary says it), summed
+        up once a pass: a burst of nominations is judged against the same room."""
+        if batch.summary is None:
+            batch.summary = summarize(self.coord.state, self.coord.cluster, now)
+        return fits(batch.summary, demand_of(spec))
 
     # ------------------------------------------------------------ records
 
