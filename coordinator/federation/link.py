@@ -85,6 +85,7 @@ INBOX_MAX_AGE_S = 7 * 24 * 3600.0
 MAX_OUTBOX = 100_000
 ENDED = (JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED)
 TO_HOLDER = ("nominate", "confirm", "revoke")
+LIVE_HOLDS = (str(Hold.RESERVED), str(Hold.RUNNING))
 
 
 class NotYet(Exception):
@@ -174,6 +175,9 @@ class FedLink:
         self._task: asyncio.Task | None = None
         self._last_resync = 0.0
         self._since = 0.0  # (monotonic) when this term's link started
+        # Jobs the tick found over for good (done, or ended without leaving home): a tick
+        # every 0.1 s must not walk every job that ever could spill.
+        self._closed: set[str] = set()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -393,12 +397,13 @@ class FedLink:
         now = time.time()
         state = self.coord.state
         batch = _Pass()
-        for job_id in sorted(state.federated):
+        for job_id in sorted(state.federated - self._closed):
             job = state.jobs.get(job_id)
             if job is None or self.leader is None:
                 continue
             rec = self._home_record(job_id, batch)
             if rec.phase is Phase.DONE or (rec.phase is Phase.LOCAL and job.state in ENDED):
+                self._closed.add(job_id)
                 continue
             if job.kill_requested:
                 if rec.phase is not Phase.LOCAL:
@@ -408,6 +413,8 @@ class FedLink:
             step = spill.tick(rec, self._views(job.spec, now), self.config, now, queued=queued)
             self._record_home(rec, step, batch)
         for ev in list(state.fed_held.values()):
+            if ev.phase not in LIVE_HOLDS:  # (a plain string test: most are long over)
+                continue
             rec = hold_of(ev)
             if rec.phase is Hold.RESERVED:
                 self._record_hold(rec, holder.expire_reservation(rec, self.config, now), batch)
