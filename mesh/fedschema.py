@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mesh import schema as _schema  # noqa: F401  (registers the Resources converter)
-from mesh.codec import MAX_MESSAGE, WireError, decode, wf
+from mesh.codec import MAX_MESSAGE, WireError, decode, from_wire, unpack, wf
 from mesh.subjects import is_token
 from workloads.resources import Resources
 
@@ -90,12 +90,39 @@ class FedMessage:
     v: int = 1
 
 
-def decode_fed(data: bytes) -> FedMessage:
-    """A forwarding message off the wire; `WireError` for anything malformed (its regions
-    must be subject tokens; a nomination or confirm must carry a spec)."""
-    msg = decode(FedMessage, data, max_size=MAX_MESSAGE)
+MAX_FED_BATCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class FedBatch:
+    """The messages one pass has for one region, in one stream message. Every stream
+    write is its own fsync and its own round trip: a burst of 200 forwards is 600 of
+    them one by one, and a few batched."""
+
+    items: tuple[FedMessage, ...] = wf((), max_len=MAX_FED_BATCH)
+    v: int = 1
+
+
+def _checked(msg: FedMessage) -> FedMessage:
     if not (is_token(msg.home) and is_token(msg.holder)) or msg.home == msg.holder:
         raise WireError("home", f"{msg.home!r} and holder {msg.holder!r}: two distinct regions")
     if msg.kind in ("nominate", "confirm") and not msg.spec:
         raise WireError("spec", f"a {msg.kind} carries the job's spec")
     return msg
+
+
+def decode_fed(data: bytes) -> FedMessage:
+    """A forwarding message off the wire; `WireError` for anything malformed (its regions
+    must be subject tokens; a nomination or confirm must carry a spec)."""
+    return _checked(decode(FedMessage, data, max_size=MAX_MESSAGE))
+
+
+def decode_fed_batch(data: bytes) -> tuple[FedMessage, ...]:
+    """What an inbox message carries: a batch of forwarding messages, or one; every one
+    checked as `decode_fed` checks it (one bad item refuses the whole batch)."""
+    obj = unpack(data, max_size=MAX_MESSAGE)
+    if isinstance(obj, dict) and "items" in obj:
+        items = from_wire(FedBatch, obj).items
+    else:
+        items = (from_wire(FedMessage, obj),)
+    return tuple(_checked(m) for m in items)

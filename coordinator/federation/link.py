@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -63,7 +64,7 @@ from coordinator.joblog import Fenced, Unavailable
 from coordinator.pools.default import job_pool
 from mesh import subjects
 from mesh.codec import WireError, encode
-from mesh.fedschema import FedMessage, decode_fed
+from mesh.fedschema import MAX_FED_BATCH, FedBatch, FedMessage, decode_fed_batch
 from mesh.pull import PullLoop
 from mesh.schema import JobKillRequested, JobSubmitted, LogEvent
 from mesh.streams import DUPLICATE_WINDOW_S
@@ -167,7 +168,7 @@ class FedLink:
         self.region = coord.region
         self.config = coord.config.federation
         self.leader: Leader | None = None
-        self.outbox: dict[str, tuple[str, bytes]] = {}  # dedup id -> (region, message)
+        self.outbox: dict[str, tuple[str, FedMessage]] = {}  # dedup id -> (region, message)
         self.bad = 0  # messages dropped: undecodable, misaddressed, for no known job
         self.sent = 0
         self.received = 0
@@ -178,6 +179,9 @@ class FedLink:
         # Jobs the tick found over for good (done, or ended without leaving home): a tick
         # every 0.1 s must not walk every job that ever could spill.
         self._closed: set[str] = set()
+        self._next_due = 0.0  # (wall clock) the earliest a waiting job's spill is due
+        self._batches: dict[str, tuple[str, tuple[str, ...]]] = {}  # id -> (region, keys)
+        self._batched: dict[str, str] = {}  # outbox key -> the batch it travels in
 
     # ------------------------------------------------------------ lifecycle
 
@@ -205,6 +209,8 @@ class FedLink:
             self._task = None
         self.leader = None
         self.outbox.clear()  # what is owed is in the log: the next leader repeats it
+        self._batches.clear()
+        self._batched.clear()
 
     async def _subscribe(self):
         return await self.coord.js.pull_subscribe(
@@ -216,7 +222,9 @@ class FedLink:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(TICK_S)
+            # Wake at the tick, or sooner when a job's wait at home ends before it: a
+            # spill is due `after` from its queueing, not at the next tick after that.
+            await asyncio.sleep(max(0.0, min(TICK_S, self._next_due - time.time())))
             try:
                 await self.tick()
             except (Fenced, Unavailable) as exc:
@@ -255,22 +263,25 @@ class FedLink:
     async def _receive(self, msg, batch: _Pass) -> None:
         sender = subjects.fed_inbox_sender(self.region, msg.subject)
         try:
-            m = decode_fed(msg.data)
+            items = decode_fed_batch(msg.data)
         except WireError as exc:
             self.bad += 1
             log.warning("bad federation message on %s dropped: %s", msg.subject, exc)
             return
-        to_holder = m.kind in TO_HOLDER
-        ours, theirs = (m.holder, m.home) if to_holder else (m.home, m.holder)
-        if ours != self.region or theirs != sender:
-            self.bad += 1  # a region may only speak for itself, to the region it names
-            log.warning("federation %s for %s/%s from %s dropped", m.kind, m.home, m.job, sender)
-            return
-        self.received += 1
-        if to_holder:
-            self._as_holder(m, batch)
-        else:
-            self._as_home(m, batch)
+        for m in items:
+            to_holder = m.kind in TO_HOLDER
+            ours, theirs = (m.holder, m.home) if to_holder else (m.home, m.holder)
+            if ours != self.region or theirs != sender:
+                self.bad += 1  # a region may only speak for itself, to the region it names
+                log.warning(
+                    "federation %s for %s/%s from %s dropped", m.kind, m.home, m.job, sender
+                )
+                continue
+            self.received += 1
+            if to_holder:
+                self._as_holder(m, batch)
+            else:
+                self._as_home(m, batch)
 
     def _as_home(self, m: FedMessage, batch: _Pass) -> None:
         state = self.coord.state
@@ -397,6 +408,7 @@ class FedLink:
         now = time.time()
         state = self.coord.state
         batch = _Pass()
+        next_due = now + TICK_S
         for job_id in sorted(state.federated - self._closed):
             job = state.jobs.get(job_id)
             if job is None or self.leader is None:
@@ -410,6 +422,11 @@ class FedLink:
                     self._record_home(rec, epochs.cancel(rec, job.kill_reason, now), batch)
                 continue
             queued = job_id in state.waiting and job.pending == len(job.tasks)
+            after = rec.policy.spill_after
+            if queued and rec.phase is Phase.LOCAL and after is not None:
+                due = rec.queued_since + after
+                if due > now:
+                    next_due = min(next_due, due)
             step = spill.tick(rec, self._views(job.spec, now), self.config, now, queued=queued)
             self._record_home(rec, step, batch)
         for ev in list(state.fed_held.values()):
@@ -422,6 +439,7 @@ class FedLink:
                 job = state.jobs.get(rec.job)
                 if job is not None and job.state in ENDED:
                     self._record_hold(rec, holder.finish(rec, str(job.state), now), batch)
+        self._next_due = next_due
         await self._commit(batch)
         if now - self._last_resync >= RESYNC_S:
             self._resync()
@@ -479,20 +497,48 @@ class FedLink:
         if len(self.outbox) >= MAX_OUTBOX:
             log.warning("federation outbox full: %s not sent (it is repeated later)", msg)
             return
-        self.outbox[dedup_id(msg)] = (to, encode(to_wire(msg, spec, time.time())))
+        self.outbox[dedup_id(msg)] = (to, to_wire(msg, spec, time.time()))
 
     async def _flush(self) -> None:
-        """Publish everything owed, at once; keep what no stream acknowledged."""
+        """Publish everything owed, a batch per region (up to MAX_FED_BATCH messages),
+        at once; keep what no stream acknowledged. A batch keeps its messages until it
+        is acknowledged and is re-sent as the same batch under the same id: a publish
+        that reached the stream but whose acknowledgement was lost is then dropped by the
+        stream's de-duplication, as a single message's repeat is (a message is stored
+        once, however often it was sent)."""
         if not self.outbox:
             return
-        items = list(self.outbox.items())
+        fresh: dict[str, list[str]] = {}
+        for key, (to, _) in self.outbox.items():
+            if key not in self._batched:
+                fresh.setdefault(to, []).append(key)
+        for to, keys in fresh.items():
+            for i in range(0, len(keys), MAX_FED_BATCH):
+                chunk = tuple(sorted(keys[i : i + MAX_FED_BATCH]))
+                digest = hashlib.sha256("\n".join(chunk).encode()).hexdigest()[:32]
+                bid = f"batch:{digest}"
+                self._batches[bid] = (to, chunk)
+                for key in chunk:
+                    self._batched[key] = bid
+        pending = list(self._batches.items())
         results = await asyncio.gather(
-            *(self._publish(key, to, data) for key, (to, data) in items), return_exceptions=True
+            *(self._publish_batch(bid, to, keys) for bid, (to, keys) in pending),
+            return_exceptions=True,
         )
-        for (key, item), ok in zip(items, results, strict=True):
-            if ok is True and self.outbox.get(key) == item:
-                del self.outbox[key]
-                self.sent += 1
+        for (bid, (_, keys)), ok in zip(pending, results, strict=True):
+            if ok is not True:
+                continue
+            self._batches.pop(bid, None)
+            for key in keys:
+                self._batched.pop(key, None)
+                if self.outbox.pop(key, None) is not None:
+                    self.sent += 1
+
+    async def _publish_batch(self, bid: str, to: str, keys: tuple[str, ...]) -> bool:
+        items = tuple(self.outbox[k][1] for k in keys if k in self.outbox)
+        if not items:
+            return True
+        return await self._publish(bid, to, encode(FedBatch(items)))
 
     async def _publish(self, key: str, to: str, data: bytes) -> bool:
         try:

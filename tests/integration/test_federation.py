@@ -15,8 +15,7 @@ from coordinator.federation.board import BoardConfig
 from coordinator.federation.model import FederationConfig
 from mesh import subjects
 from mesh.cli.render import job_detail
-from mesh.codec import decode
-from mesh.fedschema import FedMessage
+from mesh.fedschema import decode_fed_batch
 
 from .conftest import eventually
 
@@ -190,8 +189,8 @@ async def test_a_nomination_sent_while_the_target_is_cut_off_arrives_after(regio
     last = (await js.stream_info(inbox)).state.last_seq
     kinds = []
     for seq in range(1, last + 1):
-        m = decode(FedMessage, (await js.get_msg(inbox, seq)).data)
-        if m.job == j:
-            kinds.append(m.kind)
+        for m in decode_fed_batch((await js.get_msg(inbox, seq)).data):
+            if m.job == j:
+                kinds.append(m.kind)
     assert kinds.count("nominate") == 1, kinds
     assert kinds.count("confirm") == 1, kinds
