@@ -79,8 +79,7 @@ async def submit(nc, home: str, data: bytes, timeout: float = FORWARD_TIMEOUT_S)
     except PermissionDenied as exc:
         raise ApiError(
             ErrorCode.UNAVAILABLE,
-            f"this region's coordinator may not send to {subject} ({exc}); nothing was "
-            "submitted",
+            f"this region's coordinator may not send to {subject} ({exc}); nothing was submitted",
         ) from None
     try:
         reply = unpack(msg.data)

@@ -41,9 +41,7 @@ def test_a_bad_region_name_is_a_spec_error_not_a_subject():
 
 
 def test_the_spec_field_is_what_the_route_reads():
-    spec = parse_job_spec(
-        "name: x\nregions: [us, ap]\ntasks:\n- role: w\n  command: [\"true\"]\n"
-    )
+    spec = parse_job_spec('name: x\nregions: [us, ap]\ntasks:\n- role: w\n  command: ["true"]\n')
     assert route("eu", spec.regions) == "us"
     assert route("ap", spec.regions) is None
 
