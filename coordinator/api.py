@@ -22,6 +22,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from coordinator import partition_api
+from coordinator.federation import forward
 from coordinator.fitting import submit_warning
 from coordinator.joblog import MAX_ENTRY_BYTES, Fenced, Unavailable
 from coordinator.partitions.membership import allocatable
@@ -280,7 +281,11 @@ class Api:
 
     async def job_submit(self, data: bytes) -> bytes:
         req = _decode(SubmitRequest, data)
-        spec = self._checked_spec(req)
+        parsed = self._parsed_spec(self._checked_client_id(req))
+        home = self._home_elsewhere(req.client_id, parsed)
+        if home is not None:  # the job's home is its first named region: it is made there
+            return encode(await forward.submit(self.coord.nc, home, data))
+        spec = self._in_leaf_pool(parsed)
         existing = await self._existing(req.client_id, spec)
         if existing is not None:
             return ok(job_id=existing, duplicate=True)
@@ -294,16 +299,22 @@ class Api:
         req = _decode(SubmitManyRequest, data)
         results: list[dict[str, Any]] = [{} for _ in req.jobs]
         fresh: list[tuple[int, str, Any]] = []
+        away: list[tuple[int, str, SubmitRequest]] = []  # made in their home regions
         seen: dict[str, int] = {}
         for i, item in enumerate(req.jobs):
             try:
-                spec = self._checked_spec(item)
+                parsed = self._parsed_spec(self._checked_client_id(item))
                 if item.client_id in seen:
                     raise ApiError(
                         ErrorCode.BAD_REQUEST,
                         f"client_id: repeats item {seen[item.client_id]} of this request",
                     )
                 seen[item.client_id] = i
+                home = self._home_elsewhere(item.client_id, parsed)
+                if home is not None:
+                    away.append((i, home, item))
+                    continue
+                spec = self._in_leaf_pool(parsed)
                 existing = await self._existing(item.client_id, spec)
             except ApiError as exc:
                 results[i] = {"error": {"code": str(exc.code), "message": exc.message}}
@@ -317,7 +328,27 @@ class Api:
             job_ids = await self._submit([(cid, spec) for _, cid, spec in fresh])
             for (i, _, _), job_id, w in zip(fresh, job_ids, warnings, strict=True):
                 results[i] = {"job_id": job_id, "duplicate": False, **w}
+        if away:
+            replies = await asyncio.gather(*(self._forward_item(h, it) for _, h, it in away))
+            for (i, _, _), item_reply in zip(away, replies, strict=True):
+                results[i] = item_reply
         return ok(results=results)
+
+    async def _forward_item(self, home: str, item: SubmitRequest) -> dict[str, Any]:
+        """One item of a submit_many made in its home region: its result as an item's."""
+        try:
+            reply = await forward.submit(self.coord.nc, home, encode(item))
+        except ApiError as exc:
+            return {"error": {"code": str(exc.code), "message": exc.message}}
+        if reply.get("ok") is not True:
+            return {"error": reply.get("error") or {"code": str(ErrorCode.INTERNAL)}}
+        return {k: v for k, v in reply.items() if k != "ok"}
+
+    def _home_elsewhere(self, client_id: str, spec) -> str | None:
+        """The region a submission goes to when its spec does not name this one
+        (coordinator/federation/forward.py); None to make it here."""
+        made_here = client_id in self.coord.state.by_client or client_id in self._inflight
+        return forward.route(self.coord.region, spec.regions, made_here=made_here)
 
     def _fit_warning(self, spec) -> dict[str, str]:
         """A job that can never fit the region as it is now is accepted (the region may
@@ -325,16 +356,22 @@ class Api:
         why = submit_warning(self.coord.state, self.coord.cluster, spec)
         return {} if why is None else {"warning": why}
 
-    def _checked_spec(self, req: SubmitRequest):
+    def _checked_client_id(self, req: SubmitRequest) -> Any:
+        """The request's spec source, once its client id is known to be there."""
         if not req.client_id:
             raise ApiError(
                 ErrorCode.BAD_REQUEST,
                 "client_id: required (a unique id per submit, reused on retry)",
             )
-        return self._valid_spec(req.spec)
+        return req.spec
 
     def _valid_spec(self, source: Any):
         """A spec as given (YAML text or a mapping), parsed and put in its leaf pool."""
+        return self._in_leaf_pool(self._parsed_spec(source))
+
+    def _parsed_spec(self, source: Any):
+        """A spec as given (YAML text or a mapping), within the size limit and parsed;
+        its pool is not checked yet (a job made in another region is checked there)."""
         size = _spec_size(source)
         if size > MAX_SPEC_BYTES:
             raise ApiError(
@@ -346,6 +383,11 @@ class Api:
             spec = parse_job_spec(source if source is not None else "")
         except SpecError as exc:
             raise ApiError(ErrorCode.INVALID_SPEC, str(exc)) from None
+        return spec
+
+    def _in_leaf_pool(self, spec):
+        """The spec in its leaf pool of this region (`/` is `/default` once pools are
+        defined); INVALID_SPEC naming the pool when it is not a leaf here."""
         state = self.coord.state
         pool = job_pool(state.pools, spec.pool)  # `/` is `/default` once pools are defined
         if pool != spec.pool:

@@ -2,7 +2,9 @@
 
 ``regions: [eu, us]`` (ordered preference), ``spill: {after: 30s}`` or ``spill: never``
 (the default), ``lost_after: 10m`` (default never). A spec naming none of them behaves
-as before: it stays in the region it was submitted to. The coordinator builds the
+as before: it stays in the region it was submitted to. One whose ``regions`` do not name
+the region it was submitted to is made in the first region they name (its home:
+coordinator/federation/forward.py). The coordinator builds the
 federation core's ``FedPolicy`` from these (coordinator/federation/model.py applies the
 same rules again, so the two never disagree).
 """

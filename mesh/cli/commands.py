@@ -274,6 +274,7 @@ async def _run(args: argparse.Namespace, client: MeshClient) -> int:
         if reply.get("warning"):
             print(f"warning: {reply['warning']}", file=sys.stderr)
         job_ids = [reply["job_id"]]
+        homes = [reply.get("home") or client.region]
     else:
         results = await jobs.submit_files(client, texts, args.client_id)
         for r in results:
@@ -283,21 +284,33 @@ async def _run(args: argparse.Namespace, client: MeshClient) -> int:
         for r in failed:
             print(f"{r.path}: {r.error['code']}: {r.error['message']}", file=sys.stderr)
         job_ids = [r.job_id for r in results if r.job_id]
+        homes = [r.home or client.region for r in results if r.job_id]
         if failed:
             if job_ids:
                 print(f"submitted the other {len(job_ids)}: {' '.join(job_ids)}", file=sys.stderr)
             return EXIT_USAGE
+    for job_id, home in zip(job_ids, homes, strict=True):
+        if home != client.region:  # made in the first region its spec names
+            print(jobs.went_elsewhere(job_id, home, client.region), file=sys.stderr)
     if not args.wait:
         if len(job_ids) == 1:
-            out(args, {"job_id": job_ids[0]}, job_ids[0])
+            out(args, {"job_id": job_ids[0], "region": homes[0]}, job_ids[0])
         else:
-            data = [{"file": p, "job_id": j} for (p, _), j in zip(texts, job_ids, strict=True)]
+            data = [
+                {"file": p, "job_id": j, "region": h}
+                for (p, _), j, h in zip(texts, job_ids, homes, strict=True)
+            ]
             out(args, data, "\n".join(job_ids))
         return EXIT_OK
     if not args.json:
         print(f"submitted {' '.join(job_ids)}; waiting", file=sys.stderr)
     deadline = time.monotonic() + args.timeout
-    done = await asyncio.gather(*(_wait(client, j, deadline) for j in job_ids))
+    done = await asyncio.gather(
+        *(
+            _wait(client if h == client.region else MeshClient(client.nc, h), j, deadline)
+            for j, h in zip(job_ids, homes, strict=True)
+        )
+    )
     width = output.terminal_width()
     human = "\n\n".join(render.job_detail(j, width=width) for j in done)
     wide = "\n\n".join(render.job_detail(j, wide=True, width=width) for j in done)

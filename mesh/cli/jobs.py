@@ -139,6 +139,16 @@ class Submitted:
     job_id: str | None = None
     error: dict | None = None  # {"code", "message"} from the server
     warning: str | None = None  # accepted, but it can never fit the region as it is
+    home: str | None = None  # the region that made it, when not the one asked
+
+
+def went_elsewhere(job_id: str, home: str, asked: str) -> str:
+    """What `mesh job run` says when the region asked made the job in another: its spec's
+    regions do not name the one asked, so its home is the first they name."""
+    return (
+        f"job {job_id} is in region {home}, the first region its spec names (not {asked}): "
+        f"mesh --region {home} job status {job_id}"
+    )
 
 
 async def submit_files(
@@ -154,6 +164,12 @@ async def submit_files(
         replies = await client.submit_many([text for _, text in batch], cids)
         for (path, _), reply in zip(batch, replies, strict=True):
             results.append(
-                Submitted(path, reply.get("job_id"), reply.get("error"), reply.get("warning"))
+                Submitted(
+                    path,
+                    reply.get("job_id"),
+                    reply.get("error"),
+                    reply.get("warning"),
+                    reply.get("home"),
+                )
             )
     return results

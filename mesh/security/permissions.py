@@ -17,8 +17,10 @@ A user may also send the NATS micro discovery requests (`$SRV.PING`, `$SRV.INFO`
 `$SRV.STATS`, with or without a service name and id), and nothing else under `$SRV`.
 
 Federation (docs/federation.md): the coordinators, and only they, may publish and
-subscribe to `mesh.fed.>`, which every region's coordinators share across the gateways;
-everyone else keeps their own region's subjects only.
+subscribe to `mesh.fed.>`, which every region's coordinators share across the gateways,
+and send `job.submit` to any region's API (`mesh.*.api.job.submit`: a submission whose
+spec names other regions is made in the first); everyone else keeps their own region's
+subjects only.
 
 Inference (docs/inference_deploy.md): a `router` takes client requests and sends batches
 to workers; a `worker` (the identity an agent hands to the inference tasks it runs)
@@ -51,6 +53,9 @@ SERVICE_DISCOVERY = "$SRV.>"  # nats micro: PING/INFO/STATS
 # What a discovery request is sent to: `$SRV.<verb>`, `$SRV.<verb>.<service>` and
 # `$SRV.<verb>.<service>.<id>` (nats micro's control subjects), for the three verbs only.
 DISCOVERY_VERBS = ("PING", "INFO", "STATS")
+# Every region's `job.submit` (`mesh.<r>.api.job.submit`, any r): where a coordinator
+# forwards a submission whose spec names other regions. Only that endpoint.
+FORWARDED_SUBMIT = "mesh.*.api." + subjects.api("x", "job.submit").split(".api.", 1)[1]
 DISCOVERY_REQUESTS = tuple(
     s for verb in DISCOVERY_VERBS for s in (f"$SRV.{verb}", f"$SRV.{verb}.>")
 )
@@ -196,6 +201,9 @@ def permissions(region: str, identity: Identity, *, fleet_nodes: Sequence[str] =
                 JS_FLOW_CONTROL,
                 f"$KV.{subjects.lease_bucket(r)}.>",
                 subjects.fed_all(),  # region summaries, forwarded jobs
+                # A submission naming other regions is made in its first one, sent on
+                # by this region's coordinator (coordinator/federation/forward.py).
+                FORWARDED_SUBMIT,
             ),
             subscribe=(
                 subjects.state_all(r),

@@ -122,6 +122,18 @@ def test_coordinator():
     assert not allowed(p.subscribe, subjects.state("other", "n"))
 
 
+def test_a_coordinator_may_forward_a_submission_to_any_region_but_nothing_else_there():
+    p = permissions(R, Identity.coordinator())
+    for region in ("us", "ap-1", R):
+        assert allowed(p.publish, subjects.api(region, "job.submit")), region
+    for endpoint in ("job.kill", "job.submit_many", "pool.apply", "job.get"):
+        assert not allowed(p.publish, subjects.api("us", endpoint)), endpoint
+    assert not allowed(p.subscribe, subjects.api("us", "job.submit"))
+    # a user keeps its own region's API only
+    user = permissions(R, Identity.user("alice"))
+    assert not allowed(user.publish, subjects.api("us", "job.submit"))
+
+
 def test_fleet_speaks_for_its_nodes_only():
     nodes = fleet_node_ids("sim", 3)
     p = permissions(R, Identity.fleet("sim"), fleet_nodes=nodes)
