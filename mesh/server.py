@@ -139,6 +139,10 @@ class ServerConfig:
     gateways: dict[str, str] = field(default_factory=dict)
     # Where the gateway listens (None: `host`), e.g. 0.0.0.0 beside a loopback client port.
     gateway_host: str | None = None
+    # The gateway URL this server tells its peers (nats-server gossips it; None: where it
+    # listens). A peer adds what it is told to the URLs it dials, so a test that puts a
+    # proxy in a link (tests/integration/tcpproxy.py) advertises one no peer can dial.
+    gateway_advertise: str | None = None
     # TLS between servers (gateways and routes), e.g. mesh.security.pki.gateway_files:
     # a certificate good for both ends (server and client), with the hosts' DNS names.
     peer_tls: TlsFiles | None = None
@@ -175,7 +179,8 @@ class ServerConfig:
                 "gateway {\n"
                 f"  name: {_q(self.gateway_name)}\n"
                 f'  listen: "{self.gateway_host or self.host}:{self.gateway_port}"\n'
-                f"  gateways: [\n{peers}\n  ]\n"
+                + (f"  advertise: {_q(self.gateway_advertise)}\n" if self.gateway_advertise else "")
+                + f"  gateways: [\n{peers}\n  ]\n"
                 f"{peer_tls}"
                 "}"
             )

@@ -18,7 +18,7 @@ from agent.service import Agent, AgentConfig
 from coordinator.service import Coordinator, CoordinatorConfig
 from mesh.client import MeshClient
 from mesh.connect import close_quietly, connect
-from mesh.server import supercluster
+from mesh.server import EmbeddedServer, ServerConfig, supercluster
 
 
 async def eventually(pred, timeout=15.0, interval=0.05):
@@ -131,11 +131,16 @@ async def regions(tmp_path):
     """A local supercluster (mesh.server.supercluster): `await regions("a", "b", "c")`
     starts one nats-server per region joined by gateways and returns {name: Region},
     each with its client connected to its own server. `Region.server` is that region's
-    EmbeddedServer (kill it to lose the region)."""
+    EmbeddedServer (kill it to lose the region). `configs=` starts those server configs
+    instead (mesh.server.supercluster_configs changed first, e.g. a link through a proxy,
+    tests/integration/tcpproxy.py), one region per config."""
     started: list[tuple[dict, dict]] = []
 
-    async def start(*names: str) -> dict[str, Region]:
-        servers = supercluster(list(names), tmp_path / "supercluster")
+    async def start(*names: str, configs: dict[str, ServerConfig] | None = None):
+        if configs is None:
+            servers = supercluster(list(names), tmp_path / "supercluster")
+        else:
+            servers = {name: EmbeddedServer(c) for name, c in configs.items()}
         await asyncio.gather(*(s.astart() for s in servers.values()))
         out = {}
         for name, server in servers.items():

@@ -14,6 +14,7 @@ from mesh.cli.main import main
 from mesh.security import pki
 from mesh.security.identity import Identity
 from mesh.security.permissions import permissions
+from mesh.server import ServerConfig
 
 
 def _gateway_cert(d) -> x509.Certificate:
@@ -149,3 +150,11 @@ def test_up_regions_mistakes_exit_2_before_starting_anything(tmp_path, capsys, m
     assert main(["up", "--regions", "a,b", "--nats-cluster", "3"]) == 2
     assert "one server per region" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def test_a_gateway_advertises_only_when_told():
+    base = dict(gateway_name="eu", gateway_port=7222, gateways={"us": "nats://h:7223"})
+    assert "advertise" not in ServerConfig(**base).render()
+    text = ServerConfig(**base, gateway_advertise="127.0.0.1:1").render()
+    gateway = text[text.index("gateway {") :]
+    assert 'advertise: "127.0.0.1:1"' in gateway.split("}")[0]
