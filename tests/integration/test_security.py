@@ -162,7 +162,15 @@ async def test_certificate_from_another_ca_is_refused(secure_server, certs, tmp_
     )
     with pytest.raises(REFUSED):
         await connect(secure_server.url, name="forged", tls=forged, reconnect=False)
-    assert "certificate signed by unknown authority" in secure_server.log_tail(20000)
+
+    # The server names the cause, once it has written its line (the client may see the
+    # refusal first); on a loaded machine the client may hang up before the server's
+    # verify runs, and the server then logs the handshake's end instead (seen in CI).
+    def logged() -> bool:
+        log = secure_server.log_tail(20000)
+        return "certificate signed by unknown authority" in log or "TLS handshake error" in log
+
+    await eventually(logged, timeout=5)
 
 
 async def test_a_certificate_with_no_user_is_refused(secure_server, certs):
