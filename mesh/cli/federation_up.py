@@ -32,6 +32,7 @@ from mesh import subjects
 from mesh.cli.context import DEFAULT_USER, LOCAL, Context, mesh_home, save_context
 from mesh.cli.exitcodes import EXIT_OK, EXIT_USAGE
 from mesh.cli.launcher import FLEET_PREFIX, LocalMesh, LocalMeshConfig
+from mesh.cli.tether import UP_STOP_SIGNALS
 from mesh.security import pki
 from mesh.server import ServerConfig, TlsFiles, supercluster_configs
 
@@ -197,8 +198,6 @@ def describe(fed: LocalFederation, infos: dict[str, dict], names: dict[str, str]
 
 def up_regions(args: argparse.Namespace, ctx: Context) -> int:
     """`mesh up --regions a,b,c` until Ctrl-C, SIGTERM or a hangup (as `mesh up`)."""
-    from mesh.cli.servers import UP_STOP_SIGNALS
-
     try:
         regions = parse_regions(args.regions)
     except RegionsError as exc:

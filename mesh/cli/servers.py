@@ -13,6 +13,7 @@ from pathlib import Path
 from mesh.cli import infer
 from mesh.cli.context import Context, mesh_home, save_context
 from mesh.cli.exitcodes import EXIT_OK, EXIT_USAGE
+from mesh.cli.tether import UP_STOP_SIGNALS
 from mesh.connect import ClientTls
 from mesh.security.identity import Identity
 from mesh.signing import KEY_FILE, PUB_FILE, key_path
@@ -91,7 +92,6 @@ def up(args: argparse.Namespace, ctx: Context) -> int:
             print("mesh stopped", file=sys.stderr)
 
 
-UP_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 ROOT_NOTE = (
     "mesh up: running as root, so this machine's agent runs tasks as root (--allow-root); "
     "run `mesh up` as an unprivileged user, or agents with `mesh agent --run-as USER`, "

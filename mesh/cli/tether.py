@@ -200,3 +200,7 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+UP_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What ends `mesh up` (one region or several): Ctrl-C, a kill, or the terminal gone."""
