@@ -197,6 +197,9 @@ class NodeState:
     # these fields.
     cpu_pressure: float | None = wf(None, ge=0.0, le=100.0)
     mem_pressure: float | None = wf(None, ge=0.0, le=100.0)
+    # The edge site (a leafnode, docs/edge.md) this node belongs to; "": none (a
+    # datacenter node, or a sender older than this field).
+    site: str = wf("", max_len=64)
     v: int = 1
 
 

@@ -185,3 +185,60 @@ def fed_stream(region: str) -> str:
 def fed_consumer() -> str:
     """The durable consumer of a region's inbox, shared by successive leaders."""
     return "leader"
+
+
+# Edge sites (docs/edge.md, edge/README.md): a site is a NATS leafnode with its own
+# JetStream domain. Its agents publish task events into the site's own stream (on the
+# leaf, so a cut link never refuses them); the site link forwards them, in order, to
+# the region's events stream, and beats so the region can tell a cut-off site from a
+# dead node. Assignments stay in the region's stream; site agents read them through
+# the hub's JetStream domain.
+HUB_DOMAIN = "hub"  # the JetStream domain of every server a site's leaf connects to
+
+
+def site_domain(site: str) -> str:
+    """A site's JetStream domain on its leaf server (distinct per site, never the hub's)."""
+    return f"site-{token(site, 'site')}"
+
+
+def site_events(region: str, site: str, node: str) -> str:
+    """Where an agent of `site` publishes its task events (stored on the leaf)."""
+    return f"{_r(region)}.site.{token(site, 'site')}.events.{token(node, 'node id')}"
+
+
+def site_events_all(region: str, site: str) -> str:
+    return f"{_r(region)}.site.{token(site, 'site')}.events.*"
+
+
+def site_events_node(region: str, site: str, subject: str) -> str | None:
+    """The node a site events subject names, or None when it is not one."""
+    prefix = f"{_r(region)}.site.{token(site, 'site')}.events."
+    rest = subject[len(prefix) :] if subject.startswith(prefix) else ""
+    return rest if is_token(rest) else None
+
+
+def site_events_stream(site: str) -> str:
+    """The leaf-local stream of a site's task events (in the site's domain)."""
+    return f"SITE_{token(site, 'site')}_EVENTS"
+
+
+def site_beat(region: str, site: str) -> str:
+    """A site link's beat to its region (core NATS, every second: `SiteBeat`)."""
+    return f"{_r(region)}.sitebeat.{token(site, 'site')}"
+
+
+def site_beat_all(region: str) -> str:
+    return f"{_r(region)}.sitebeat.*"
+
+
+def site_beat_site(region: str, subject: str) -> str | None:
+    """The site a beat subject names, or None when it is not one."""
+    prefix = f"{_r(region)}.sitebeat."
+    rest = subject[len(prefix) :] if subject.startswith(prefix) else ""
+    return rest if is_token(rest) else None
+
+
+def site_uplink(region: str, site: str) -> str:
+    """Where a site link tells the site's own agents whether the region is reachable
+    (core NATS, on the leaf only: `SiteUplink`)."""
+    return f"{_r(region)}.site.{token(site, 'site')}.uplink"
