@@ -287,6 +287,7 @@ def _body(a: Assignment, specs: dict[int, Any] | None = None) -> list:
         _canon(float(a.expires_at)),
         _canon(float(a.grace_s)),
         spec,
+        a.retries_left,  # a forged count would buy restarts in place on a cut-off site
     ]
 
 

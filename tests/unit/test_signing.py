@@ -105,6 +105,7 @@ def test_canonical_bytes_ignore_env_order_and_number_types(keys):
         lambda a: dataclasses.replace(a, expires_at=a.expires_at + 3600),
         lambda a: dataclasses.replace(a, kind="kill"),
         lambda a: dataclasses.replace(a, node_id="n2"),
+        lambda a: dataclasses.replace(a, retries_left=a.retries_left + 5),
     ],
     ids=[
         "argv",
@@ -117,6 +118,7 @@ def test_canonical_bytes_ignore_env_order_and_number_types(keys):
         "expiry",
         "kind",
         "node",
+        "retries_left",
     ],
 )
 def test_any_change_after_signing_is_a_bad_signature(keys, tamper):
