@@ -405,6 +405,7 @@ class HollowNode:
     down: bool = False  # crashed: no heartbeats, assignments wait in `backlog`
     verify_key: str = ""  # the id of the key its fleet verifies with (heartbeats say it)
     labels: tuple[tuple[str, str], ...] = ()  # extra labels its heartbeats carry (partition=...)
+    site: str = ""  # the edge site its heartbeats name ("": none)
     backlog: list[AssignmentMessage] | None = field(default=None, repr=False)
     wake: asyncio.TimerHandle | None = field(default=None, repr=False)
     grants: dict[tuple[str, int], Grant] | None = field(default=None, repr=False)
@@ -643,6 +644,7 @@ class HollowNode:
             gpus=self._gpus(),
             tasks=tasks,
             verify_key=self.verify_key,
+            site=self.site,
         )
 
     def live_tasks(self) -> list[str]:
@@ -694,7 +696,8 @@ class HollowFleet:
     `gpu_background` (GPU uuid -> percent) makes GPUs look busy with no mesh task on
     them; `set_gpu_background` changes it while running. `crash` takes a node down.
     `labels` go into every node's heartbeats, as an agent's `--label`s do (e.g.
-    `{"partition": "stateless"}` starts the fleet in that partition)."""
+    `{"partition": "stateless"}` starts the fleet in that partition). `site`: the edge
+    site its nodes' heartbeats name (`NodeState.site`)."""
 
     def __init__(
         self,
@@ -711,6 +714,7 @@ class HollowFleet:
         tls: ClientTls | None = None,
         batch_busy: float = BATCH_BUSY,
         labels: Mapping[str, str] | None = None,
+        site: str = "",
     ) -> None:
         self.nats_url = nats_url
         self.tls = tls  # its certificate (fleet:PREFIX) on a secure mesh
@@ -739,6 +743,7 @@ class HollowFleet:
             subjects.token(node_id, "node id")
             node.verify_key = verify_id
             node.labels = tuple(sorted((labels or {}).items()))
+            node.site = subjects.token(site, "site") if site else ""
         for uuid, percent in (gpu_background or {}).items():
             self.set_gpu_background(uuid, percent)
         self.heartbeat_s = heartbeat_s
