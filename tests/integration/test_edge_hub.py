@@ -21,7 +21,7 @@ import pytest
 from mesh import subjects
 from mesh.codec import encode
 from mesh.edgeschema import NEVER, SiteBeat
-from tests.integration.conftest import eventually
+from tests.integration.conftest import cli_env, eventually, run_mesh
 
 pytestmark = pytest.mark.asyncio
 
@@ -163,7 +163,7 @@ async def _is(client, site: str, status: str) -> bool:
 S1, S2 = {"where": "s1"}, {"where": "s2"}
 
 
-async def test_never_means_never_and_a_silent_node_of_a_beating_site_is_down(region):
+async def test_never_means_never_and_a_silent_node_of_a_beating_site_is_down(region, tmp_path):
     c = region.client
     await region.coordinator("c1", **FAST)
     cut_site = await region.fleet(1, prefix="s1", site="s1", heartbeat_s=0.3, labels=S1)
@@ -188,6 +188,16 @@ async def test_never_means_never_and_a_silent_node_of_a_beating_site_is_down(reg
         assert await node_status(c, "s1-0000") == "disconnected"
         row = await site_row(c, "s1")
         assert row["status"] == "disconnected" and row["autonomy_s"] is None
+        # As an operator sees it: `mesh site list`, `mesh node list`.
+        env = {**cli_env(tmp_path), "MESH_NATS_URL": region.url, "MESH_INSECURE": "1"}
+        sites_out = await asyncio.to_thread(run_mesh, "site", "list", env=env)
+        assert sites_out.returncode == 0, sites_out.stderr
+        by_site = {ln.split()[0]: ln.split() for ln in sites_out.stdout.splitlines()[1:]}
+        assert by_site["s1"][1] == "disconnected" and "never" in by_site["s1"]
+        assert by_site["s2"][1] == "connected"
+        nodes_out = await asyncio.to_thread(run_mesh, "node", "list", env=env)
+        by_node = {ln.split()[0]: ln.split()[1] for ln in nodes_out.stdout.splitlines()[1:]}
+        assert by_node["s1-0000"] == "disconnected" and by_node["s2-0000"] == "down"
     finally:
         await link1.stop()
         await link2.stop()
