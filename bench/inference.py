@@ -192,7 +192,9 @@ def main(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(
         prog="python -m bench inference", description=__doc__.split("\n")[0]
     )
-    ap.add_argument("--quick", action="store_true", help="fewer seeds, steps and points")
+    ap.add_argument(
+        "--quick", action="store_true", help="fewer seeds, steps and points; half the fixed load"
+    )
     ap.add_argument("--models", type=int, default=32)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--profile", choices=sorted(SOURCED_PROFILES), default="symphony")
@@ -202,7 +204,10 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument(
-        "--fixed-load", type=float, default=8000.0, help="req/s for the GPUs-needed measurement"
+        "--fixed-load",
+        type=float,
+        default=None,
+        help="req/s for the GPUs-needed measurement (default 8000; 4000 with --quick)",
     )
     ap.add_argument(
         "--plot",
@@ -218,6 +223,8 @@ def main(argv: list[str]) -> dict:
         ap.error("--plot needs matplotlib: pip install -e '.[bench]' (or `make bench`)")
 
     quick = args.quick
+    if args.fixed_load is None:  # a quick run's bisections simulate half the requests
+        args.fixed_load = 4000.0 if quick else 8000.0
     seeds = tuple(range(args.seeds if args.seeds else (1 if quick else 5)))
     steps = 4 if quick else 9
     duration = args.duration if args.duration else (2.0 if quick else 4.0)

@@ -416,7 +416,7 @@ async def durable(args: argparse.Namespace, work: Path) -> dict:
         # Wait until both the log and the assignment stream stop moving (a leader
         # change pauses placement for a few seconds).
         last, still, seq, seq_at = -1, 0, seq0, time.perf_counter()
-        while still < 40:
+        while still < args.quiet_s / 0.25:
             await asyncio.sleep(0.25)
             samples.append((time.perf_counter(), region.cpu()))
             now_seq = await region.assign_seq()
@@ -480,7 +480,7 @@ async def e2e_and_latency(args: argparse.Namespace, work: Path) -> tuple[dict, d
         submit_s = time.perf_counter() - t0
         deadline = time.monotonic() + args.timeout
         last, still = -1, 0
-        while c.running < total and time.monotonic() < deadline and still < 20:
+        while c.running < total and time.monotonic() < deadline and still < args.quiet_s / 0.5:
             await asyncio.sleep(0.5)
             samples.append((time.perf_counter(), region.cpu()))
             still = still + 1 if c.running == last else 0
@@ -719,6 +719,13 @@ def main(argv: list[str]) -> dict:
     p.add_argument("--ray-cpus", type=int, default=16)
     p.add_argument("--ray-gangs", type=int, default=40)
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument(
+        "--quiet-s",
+        type=float,
+        default=10.0,
+        help="s without a placement (durable) or a task starting (e2e) that ends the phase "
+        "(a leader change pauses placement for a few seconds)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--sync",
@@ -736,12 +743,14 @@ def main(argv: list[str]) -> dict:
     p.add_argument("--phases", default="core,rounds,durable,e2e,ray")
     p.add_argument("--state-dir", help="keep logs here (default: a temporary directory)")
     p.add_argument(
-        "--quick", action="store_true", help="a smoke run: 200 nodes, 500 tasks, 2 s latency"
+        "--quick",
+        action="store_true",
+        help="a smoke run: 200 nodes, 500 tasks, 2 s latency, 2 s quiet",
     )
     args = p.parse_args(argv)
     if args.quick:
         args.nodes, args.backlog, args.e2e, args.latency_s = 200, 500, 500, 2.0
-        args.baseline_tasks = 100
+        args.baseline_tasks, args.quiet_s = 100, 2.0
     args.phases = set(args.phases.split(","))
     args.sync = None if args.sync == "default" else args.sync
     return with_state_dir(

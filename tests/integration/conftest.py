@@ -126,22 +126,71 @@ class Region:
             await close_quietly(self.nc)
 
 
+class SpareSuperclusters:
+    """Superclusters started ahead of the test that takes one. A fresh supercluster's
+    JetStream spends ~10 s electing its meta leader (nats-server's Raft election timer,
+    not configurable), idle time: once a set of region names has been asked for, a
+    fresh spare of the same names is started at once, so the next test that asks for
+    them finds its election over. Each test still gets servers nobody else used."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.spares: dict[tuple[str, ...], dict[str, EmbeddedServer]] = {}
+        self.count = 0
+
+    def _start(self, names: tuple[str, ...]) -> dict[str, EmbeddedServer]:
+        self.count += 1
+        servers = supercluster(list(names), self.root / f"supercluster-{self.count}")
+        try:
+            for s in servers.values():
+                s.start()
+        except Exception:
+            for s in servers.values():
+                s.stop()
+            raise
+        return servers
+
+    def take(self, names: tuple[str, ...]) -> dict[str, EmbeddedServer]:
+        """A started supercluster of `names` (the spare if there is one), and a new spare."""
+        servers = self.spares.pop(names, None) or self._start(names)
+        if any(s.proc is None or s.proc.poll() is not None for s in servers.values()):
+            for s in servers.values():  # a spare that died meanwhile: start another
+                s.stop()
+            servers = self._start(names)
+        self.spares[names] = self._start(names)
+        return servers
+
+    def close(self) -> None:
+        for servers in self.spares.values():
+            for s in servers.values():
+                s.stop()
+        self.spares.clear()
+
+
+@pytest.fixture(scope="session")
+def spare_superclusters(tmp_path_factory):
+    pool = SpareSuperclusters(tmp_path_factory.mktemp("superclusters"))
+    yield pool
+    pool.close()
+
+
 @pytest.fixture
-async def regions(tmp_path):
+async def regions(tmp_path, spare_superclusters):
     """A local supercluster (mesh.server.supercluster): `await regions("a", "b", "c")`
     starts one nats-server per region joined by gateways and returns {name: Region},
     each with its client connected to its own server. `Region.server` is that region's
     EmbeddedServer (kill it to lose the region). `configs=` starts those server configs
     instead (mesh.server.supercluster_configs changed first, e.g. a link through a proxy,
-    tests/integration/tcpproxy.py), one region per config."""
+    tests/integration/tcpproxy.py), one region per config. Without `configs` the
+    servers come started ahead (SpareSuperclusters), their store dirs outside tmp_path."""
     started: list[tuple[dict, dict]] = []
 
     async def start(*names: str, configs: dict[str, ServerConfig] | None = None):
         if configs is None:
-            servers = supercluster(list(names), tmp_path / "supercluster")
+            servers = await asyncio.to_thread(spare_superclusters.take, tuple(names))
         else:
             servers = {name: EmbeddedServer(c) for name, c in configs.items()}
-        await asyncio.gather(*(s.astart() for s in servers.values()))
+            await asyncio.gather(*(s.astart() for s in servers.values()))
         out = {}
         for name, server in servers.items():
             r = Region(server.url, tmp_path / name, name)

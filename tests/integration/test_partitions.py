@@ -53,7 +53,8 @@ async def test_a_manual_move_preempts_requeues_and_flips(region):
     await region.fleet(1, inventories=ONE_NODE)
     await region.ready(1)
     client = region.client
-    job_id = await client.submit(batch_job("mv", 3, 20.0))
+    # 10 s each: long enough to be running when the move comes, short to run again
+    job_id = await client.submit(batch_job("mv", 3, 10.0))
     await eventually(lambda: running_on(client, job_id, "hollow-0000", 3), timeout=20)
     await region.fleet(1, prefix="spare", inventories=ONE_NODE)
     await region.ready(2)
@@ -93,7 +94,8 @@ async def test_a_new_leader_finishes_a_move_the_dead_one_started(region, procs):
         "pools:\n  /default:\n    cpu: {reservation: 2}\n    memory: {reservation: 1Gi}\n"
     )
     pinned = await client.submit(batch_job("pin", 1, 6.0, preemptible=False), retries=60)
-    batch = await client.submit(batch_job("bat", 3, 30.0), retries=60)
+    # 15 s each: still running through the leader change, and run once more on the spare
+    batch = await client.submit(batch_job("bat", 3, 15.0), retries=60)
     await eventually(lambda: running_on(client, pinned, "hollow-0000", 1), timeout=20)
     await eventually(lambda: running_on(client, batch, "hollow-0000", 3), timeout=20)
     await region.fleet(1, prefix="spare", inventories=ONE_NODE)
