@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-from mesh.cli import certs, completion, contexts, fedview, infer, load, partition
+from mesh.cli import certs, completion, contexts, edge, fedview, infer, load, partition
 from mesh.cli import install as agent_install
 
 OUTPUTS = ("table", "json", "yaml", "wide")
@@ -310,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     partition.add_parser(sub)
     fedview.add_parser(sub)  # `mesh region list`
+    edge.add_parser(sub)  # `mesh edge up`
     load.add_parser(sub)
     certs.add_parser(sub)
     agent_install.add_parsers(ag)  # `mesh agent install|uninstall`
