@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-from mesh.cli import certs, completion, contexts, fedview, infer, load, partition, sites
+from mesh.cli import certs, completion, contexts, edge, fedview, infer, load, partition, sites
 from mesh.cli import install as agent_install
 from mesh.cli import ledger as agent_ledger
 
@@ -152,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--node-id", help="default: the host name")
     ag.add_argument("--data-dir", help="default: $MESH_HOME/agent/<node-id>")
     ag.add_argument("--zone", default="")
+    ag.add_argument(
+        "--site",
+        default="",
+        help="this node belongs to edge site SITE: --nats is the site's leaf (mesh edge up), "
+        "events are kept there while the region is cut off",
+    )
     ag.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     ag.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
     ag.add_argument("--run-as", help="run task commands as this user")
@@ -311,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     partition.add_parser(sub)
     sites.add_parser(sub)  # `mesh site list`
     fedview.add_parser(sub)  # `mesh region list`
+    edge.add_parser(sub)  # `mesh edge up`
     load.add_parser(sub)
     certs.add_parser(sub)
     agent_ledger.add_parser(agent_install.add_parsers(ag))  # `mesh agent install|...|ledger`
