@@ -147,6 +147,26 @@ class ServerConfig:
     # a certificate good for both ends (server and client), with the hosts' DNS names.
     peer_tls: TlsFiles | None = None
     cluster_host: str | None = None  # where routes listen (None: `host`)
+    # Edge sites (edge/README.md). `domain`: this server's JetStream domain ("hub" on a
+    # region's servers, "site-S" on a site's leaf): distinct domains keep a leaf's
+    # JetStream apart from the hub's, each reached through `nc.jetstream(domain=...)`.
+    domain: str | None = None
+    # A hub server accepts leaf connections here (port 0 with `leaf_listen`: chosen
+    # free); with `tls` set, a leaf must present a certificate from the same CA.
+    leaf_listen: bool = False
+    leaf_port: int = 0
+    leaf_host: str | None = None  # None: `host`
+    # A site's leaf server dials out to these hub URLs (no inbound port at the site);
+    # `leaf_tls` is its client certificate for that link (the CA's `ca` verifies the hub).
+    leaf_remotes: list[str] = field(default_factory=list)
+    leaf_tls: TlsFiles | None = None
+    # Liveness pings of every connection, leaf links included (nats-server's defaults,
+    # 2 min x 2, leave a black-holed link unnoticed for minutes). e.g. "1s" and 3.
+    ping_interval: str | None = None
+    ping_max: int | None = None
+    # The JetStream file store's bound (e.g. "1G"): a full disk (ENOSPC) disables
+    # JetStream, so a site keeps it well below what the disk has.
+    max_file_store: str | None = None
 
     def render(self) -> str:
         lines = [
@@ -155,9 +175,17 @@ class ServerConfig:
         ]
         if self.server_name:
             lines.append(f'server_name: "{self.server_name}"')
+        if self.ping_interval:
+            lines.append(f"ping_interval: {_q(self.ping_interval)}")
+        if self.ping_max is not None:
+            lines.append(f"ping_max: {self.ping_max}")
         js = [f'store_dir: "{self.store_dir}"']
         if self.sync_interval:
             js.append(f"sync_interval: {self.sync_interval}")
+        if self.domain:
+            js.append(f"domain: {_q(self.domain)}")
+        if self.max_file_store:
+            js.append(f"max_file_store: {_q(self.max_file_store)}")
         lines.append("jetstream {\n  " + "\n  ".join(js) + "\n}")
         if self.cluster_name:
             routes = ", ".join(f'"{r}"' for r in self.cluster_routes)
@@ -184,6 +212,8 @@ class ServerConfig:
                 f"{peer_tls}"
                 "}"
             )
+        if self.leaf_listen or self.leaf_remotes:
+            lines.append(self._render_leafnodes())
         if self.tls is not None:
             lines.append(_render_tls(self.tls))
             if self.tls.verify_and_map:
@@ -195,6 +225,32 @@ class ServerConfig:
         if self.extra_conf:
             lines.append(self.extra_conf)
         return "\n".join(lines) + "\n"
+
+    def _render_leafnodes(self) -> str:
+        """The `leafnodes` block: a hub listens (verifying the leaf's certificate when
+        the server has TLS), a site's leaf dials its remotes (with its client files)."""
+        body = ""
+        if self.leaf_listen:
+            body += f'  listen: "{self.leaf_host or self.host}:{self.leaf_port}"\n'
+            if self.tls is not None:
+                t = self.tls
+                body += (
+                    "  tls {\n"
+                    f"    cert_file: {_q(t.cert)}\n    key_file: {_q(t.key)}\n"
+                    f"    ca_file: {_q(t.ca)}\n    timeout: {t.timeout}\n    verify: true\n"
+                    "  }\n"
+                )
+        if self.leaf_remotes:
+            urls = ", ".join(_q(u) for u in self.leaf_remotes)
+            remote = f"    {{\n      urls: [{urls}]\n"
+            if self.leaf_tls is not None:
+                t = self.leaf_tls
+                remote += (
+                    f"      tls {{cert_file: {_q(t.cert)}, key_file: {_q(t.key)}, "
+                    f"ca_file: {_q(t.ca)}, timeout: {t.timeout}}}\n"
+                )
+            body += f"  remotes: [\n{remote}    }}\n  ]\n"
+        return "leafnodes {\n" + body + "}"
 
 
 class EmbeddedServer:
@@ -219,6 +275,12 @@ class EmbeddedServer:
         scheme = "tls" if self.config.tls is not None else "nats"
         return f"{scheme}://{self.config.host}:{self.config.port}"
 
+    @property
+    def leaf_url(self) -> str:
+        """Where a site's leaf dials this (hub) server, once started with `leaf_listen`."""
+        scheme = "tls" if self.config.tls is not None else "nats"
+        return f"{scheme}://{self.config.leaf_host or self.config.host}:{self.config.leaf_port}"
+
     def start(self, timeout: float = 10.0) -> EmbeddedServer:
         cfg = self.config
         if cfg.port == 0:
@@ -227,6 +289,8 @@ class EmbeddedServer:
             cfg.cluster_port = free_port(cfg.host)
         if cfg.gateway_name and cfg.gateway_port == 0:
             cfg.gateway_port = free_port(cfg.host)
+        if cfg.leaf_listen and cfg.leaf_port == 0:
+            cfg.leaf_port = free_port(cfg.host)
         if cfg.store_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="mesh-nats-")
             cfg.store_dir = self._tmp.name

@@ -1,0 +1,77 @@
+"""A real hub and site leaf pair from `mesh.server.ServerConfig`: distinct JetStream
+domains, the leaf dialling out to the hub, each JetStream reached from the leaf."""
+
+from __future__ import annotations
+
+import nats
+import pytest
+
+from mesh import subjects
+from mesh.server import EmbeddedServer, ServerConfig
+from tests.integration.conftest import eventually
+
+
+def test_leaf_blocks_render():
+    hub = ServerConfig(domain="hub", leaf_listen=True, leaf_port=7422, ping_interval="1s")
+    text = hub.render()
+    assert 'domain: "hub"' in text and 'listen: "127.0.0.1:7422"' in text
+    assert 'ping_interval: "1s"' in text
+    leaf = ServerConfig(
+        domain="site-a", leaf_remotes=["nats://h:7422"], ping_max=3, max_file_store="64M"
+    )
+    text = leaf.render()
+    assert "remotes: [" in text and '"nats://h:7422"' in text
+    assert "ping_max: 3" in text and 'max_file_store: "64M"' in text
+
+
+@pytest.fixture
+def hub_and_leaf(tmp_path):
+    hub = EmbeddedServer(
+        ServerConfig(store_dir=str(tmp_path / "hub"), domain=subjects.HUB_DOMAIN, leaf_listen=True)
+    ).start()
+    leaf = EmbeddedServer(
+        ServerConfig(
+            store_dir=str(tmp_path / "leaf"),
+            domain=subjects.site_domain("a"),
+            leaf_remotes=[hub.leaf_url],
+            ping_interval="1s",
+            ping_max=3,
+        )
+    ).start()
+    yield hub, leaf
+    leaf.stop()
+    hub.stop()
+
+
+async def test_leaf_client_reaches_both_domains(hub_and_leaf):
+    hub, leaf = hub_and_leaf
+    hub_nc = await nats.connect(hub.url)
+    leaf_nc = await nats.connect(leaf.url)
+    try:
+        await hub_nc.jetstream().add_stream(name="HUBS", subjects=["hub.>"])
+        leaf_local = leaf_nc.jetstream()
+        leaf_hub = leaf_nc.jetstream(domain=subjects.HUB_DOMAIN)
+
+        async def linked() -> bool:
+            try:
+                await leaf_hub.stream_info(
+                    "HUBS",
+                )
+                return True
+            except Exception:
+                return False
+
+        assert await eventually(linked, timeout=10)
+        await leaf_local.add_stream(name="SITE", subjects=["site.>"])
+        ack = await leaf_hub.publish("hub.x", b"1", stream="HUBS")
+        assert ack.stream == "HUBS" and ack.domain == subjects.HUB_DOMAIN
+        ack = await leaf_local.publish("site.x", b"2", stream="SITE")
+        assert ack.stream == "SITE" and ack.domain == subjects.site_domain("a")
+        # Each stream lives only in its own domain.
+        assert (await hub_nc.jetstream().stream_info("HUBS")).state.messages == 1
+        names = [s.config.name for s in await hub_nc.jetstream().streams_info()]
+        assert "SITE" not in names
+        assert (await leaf_local.stream_info("SITE")).state.messages == 1
+    finally:
+        await leaf_nc.close()
+        await hub_nc.close()
