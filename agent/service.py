@@ -20,6 +20,7 @@ from pathlib import Path
 
 from agent import health
 from agent.access import make_dirs
+from agent.autonomy import RunKeeper
 from agent.executor import ExecError, ExecSpec, ExitStatus, ProcessExecutor, ProcessHandle
 from agent.gpu import (
     NO_GPU,
@@ -98,6 +99,7 @@ class AgentConfig:
     # The identity handed to tasks that ask for it (inference workers: worker:NAME), never
     # the agent's own. None on a secure mesh: such tasks are refused.
     task_tls: ClientTls | None = None
+    site: str = ""  # the edge site it belongs to ("": none): it hears the site's uplink
 
 
 class Agent:
@@ -132,6 +134,7 @@ class Agent:
         # Grants of running tasks; a task whose grant could not be read is absent (unwatched).
         self._gpu_grants: dict[tuple[str, int], GpuGrant] = {}
         self.watchdog: GpuWatchdog | None = None
+        self.runs = RunKeeper(self)  # the ledger, and in-place restarts while cut off
 
     async def start(self) -> None:
         if self.config.run_as is None:
@@ -167,6 +170,7 @@ class Agent:
         )
         self.js = self.nc.jetstream(timeout=5.0)
         await ensure_streams(self.js, self.region, agent=True)
+        await self.runs.uplink.start(self.nc, self.region, self.config.site)
         await self._readopt()
         await self._stop_orphans()
         if self.gpus.is_open:
@@ -274,6 +278,7 @@ class Agent:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self.runs.uplink.stop()
         if self.nc is not None:
             await close_quietly(self.nc)
         self.gpus.close()
@@ -490,6 +495,8 @@ class Agent:
             )
         except (sqlite3.Error, OSError) as exc:
             self._stored(exc)  # it runs and is watched; only a restart would forget it
+        await self.runs.started(a.task_id, a.attempt, handle.start_time)
+        self.runs.launched((a.task_id, a.attempt), exec_spec, a.retries_left)
         await starting
         await self._report(rec, self._event(rec, "RUNNING"))
         self._monitor(rec, handle, grant)
@@ -584,8 +591,9 @@ class Agent:
         task.add_done_callback(self._monitors.discard)
 
     async def _watch(self, rec: TaskRecord, handle: ProcessHandle) -> None:
-        status = await self.executor.wait(handle)
         key = (rec.task_id, rec.attempt)
+        rerun = await self.runs.rerun(key, handle, await self.executor.wait(handle))
+        status = rerun.status
         checking = self._health.pop(key, None)
         if checking is not None:
             checking.cancel()
@@ -593,6 +601,8 @@ class Agent:
         self._gpu_grants.pop(key, None)
         self.killing.discard(key)
         state, message = _outcome(status)
+        message = "; ".join(m for m in (message, rerun.message) if m)
+        await self.runs.ended(rec.task_id, rec.attempt, state)
         await self._finish(
             rec,
             state,
@@ -714,6 +724,7 @@ class Agent:
                 handle = self.executor.adopt(exec_id, pid, start_time)
                 if handle is not None:
                     log.info("re-adopted %s#%d (pid %d)", rec.task_id, rec.attempt, pid)
+                    await self.runs.readopted(rec.task_id, rec.attempt, start_time)
                     if rec.state != "RUNNING":
                         await self._transition(rec, "RUNNING")
                     self._monitor(rec, handle, _stored_grant(rec))
@@ -767,6 +778,7 @@ class Agent:
         """An outcome found at re-adoption, reported now with its message (the reporter
         loop's resend, if this one does not get through, can only say it is late)."""
         log.warning("%s#%d: %s", rec.task_id, rec.attempt, message)
+        await self.runs.ended(rec.task_id, rec.attempt, state)
         await self._finish(rec, state, message=message)
 
     # ------------------------------------------------------------ logs

@@ -7,6 +7,10 @@ its row and is not started again, and a restarted agent reads ``active()`` to
 re-adopt still-running processes (pid + start time) and to re-send the events
 the coordinator has not acknowledged (``reported`` lags ``state``).
 
+The ``runs`` table is the node's reliability ledger (agent/ledger.py): one row per
+process started, written at its start and closed at its end, never pruned with the
+tasks. It has no unique key on purpose: a run started twice shows as two rows.
+
 Every write is its own transaction in WAL mode with synchronous=FULL, so a
 call that returned is on disk. Errors are not swallowed: a full disk
 surfaces as ``sqlite3.OperationalError("database or disk is full")`` from the
@@ -28,7 +32,9 @@ from typing import Any, Self
 
 import aiosqlite
 
-__all__ = ["TERMINAL_STATES", "TaskRecord", "TaskStore"]
+from agent.ledger import Run
+
+__all__ = ["TERMINAL_STATES", "LedgerError", "TaskRecord", "TaskStore", "read_ledger"]
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "KILLED"})
 
@@ -63,6 +69,16 @@ CREATE TABLE IF NOT EXISTS tasks (
     PRIMARY KEY (task_id, attempt)
 );
 CREATE INDEX IF NOT EXISTS tasks_updated ON tasks (updated);
+CREATE TABLE IF NOT EXISTS runs (
+    task_id    TEXT    NOT NULL,
+    attempt    INTEGER NOT NULL,
+    run        INTEGER NOT NULL,
+    node_id    TEXT    NOT NULL,
+    start      REAL    NOT NULL,
+    end        REAL,
+    outcome    TEXT    NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS runs_task ON runs (task_id, attempt, run);
 PRAGMA user_version = 1;
 """
 
@@ -234,6 +250,71 @@ class TaskStore:
         deleted = cursor.rowcount
         await cursor.close()
         return deleted
+
+    # ------------------------------------------------------------ the ledger
+
+    async def run_started(self, run: Run) -> None:
+        """Record a run as it starts (its `end` and `outcome` are written by run_ended)."""
+        await self._conn.execute(
+            "INSERT INTO runs (task_id, attempt, run, node_id, start, end, outcome) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (run.task_id, run.attempt, run.run, run.node_id, run.start, run.end, run.outcome),
+        )
+
+    async def run_ended(
+        self, task_id: str, attempt: int, run: int, end: float, outcome: str
+    ) -> bool:
+        """Close the open row of that run; False when none is open."""
+        cursor = await self._conn.execute(
+            "UPDATE runs SET end = ?, outcome = ? WHERE task_id = ? AND attempt = ? "
+            "AND run = ? AND end IS NULL",
+            (end, outcome, task_id, attempt, run),
+        )
+        changed = cursor.rowcount
+        await cursor.close()
+        return changed > 0
+
+    async def runs(self, task_id: str | None = None) -> list[Run]:
+        """The ledger (of one task, or all), in the order the runs started."""
+        sql = "SELECT task_id, attempt, run, node_id, start, end, outcome FROM runs"
+        args: tuple = ()
+        if task_id is not None:
+            sql, args = sql + " WHERE task_id = ?", (task_id,)
+        rows = await self._conn.execute_fetchall(sql + " ORDER BY start, rowid", args)
+        return [Run(*tuple(r)) for r in rows]
+
+    async def last_run(self, task_id: str, attempt: int) -> Run | None:
+        """The latest run of an attempt (the one a re-adopted process continues)."""
+        rows = await self._conn.execute_fetchall(
+            "SELECT task_id, attempt, run, node_id, start, end, outcome FROM runs "
+            "WHERE task_id = ? AND attempt = ? ORDER BY run DESC, rowid DESC LIMIT 1",
+            (task_id, attempt),
+        )
+        return Run(*tuple(rows[0])) if rows else None
+
+
+class LedgerError(Exception):
+    """The ledger cannot be read (no store there, or not a store)."""
+
+
+def read_ledger(path: str | os.PathLike[str]) -> list[Run]:
+    """A node's ledger read from its store file, read-only (beside a running agent, and
+    without creating, migrating or moving aside anything, unlike `TaskStore.open`)."""
+    db = Path(path)
+    if not db.is_file():
+        raise LedgerError(f"no agent store at {db}")
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=TaskStore.busy_timeout_s)
+        try:
+            rows = conn.execute(
+                "SELECT task_id, attempt, run, node_id, start, end, outcome FROM runs "
+                "ORDER BY start, rowid"
+            ).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise LedgerError(f"{db}: cannot read its ledger ({exc})") from exc
+    return [Run(*r) for r in rows]
 
 
 def _record(row: Any) -> TaskRecord:

@@ -284,9 +284,11 @@ class Leader:
             )
             if specs is not None:
                 specs[key] = spec
+        retries = 0 if job.spec.is_service else job.spec.restart.max_retries - t.failures
         return Assignment(
-            "run", t.node_id, t.job_id, t.task_id, t.attempt, self.term, time.time(), spec
-        )
+            "run", t.node_id, t.job_id, t.task_id, t.attempt, self.term, time.time(), spec,
+            retries_left=max(0, retries),
+        )  # fmt: skip
 
     async def _publish_runs(self, tasks: list[TaskRecord], again: bool = False) -> None:
         """One message per node (up to MAX_ASSIGNMENT_BATCH runs), not one per task.

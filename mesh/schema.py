@@ -250,6 +250,10 @@ class Assignment:
     grace_s: float = wf(5.0, ge=0.0, le=3600.0)
     signature: bytes = wf(b"", max_len=256)
     expires_at: float = wf(0.0, ge=0.0)  # signed runs are refused after it; 0: unsigned
+    # A batch run's retries left under its restart policy (max_retries less the task's
+    # failures so far; 0 for a service): what a site agent cut off from its region may
+    # spend restarting it in place (agent/autonomy.py).
+    retries_left: int = wf(0, ge=0, le=1_000_000)
     v: int = 1
 
 

@@ -242,3 +242,8 @@ def site_uplink(region: str, site: str) -> str:
     """Where a site link tells the site's own agents whether the region is reachable
     (core NATS, on the leaf only: `SiteUplink`)."""
     return f"{_r(region)}.site.{token(site, 'site')}.uplink"
+
+
+def site_link_bucket(site: str) -> str:
+    """The site link's KV bucket on the leaf (its forwarding cursor), in the site's domain."""
+    return f"SITE_{token(site, 'site')}_LINK"

@@ -31,10 +31,10 @@ from mesh.security.identity import Identity, IdentityError
 PUBLIC, PRIVATE, PRIVATE_DIR = 0o644, 0o600, 0o700
 
 
-def add_parsers(agent: argparse.ArgumentParser) -> None:
+def add_parsers(agent: argparse.ArgumentParser) -> argparse._SubParsersAction:
     """`install` and `uninstall` under `mesh agent`, which stays a command of its own
     (`mesh agent --node-id X` runs the agent): the subcommand is optional."""
-    sub = agent.add_subparsers(dest="agent_cmd", metavar="{install,uninstall}")
+    sub = agent.add_subparsers(dest="agent_cmd", metavar="{install,uninstall,ledger}")
     ins = sub.add_parser(
         "install",
         help="install this node's agent as a systemd service (mesh-agent.service)",
@@ -62,6 +62,7 @@ def add_parsers(agent: argparse.ArgumentParser) -> None:
     )
     un.add_argument("--purge", action="store_true", help="also remove the data directory")
     _common(un)
+    return sub  # `mesh agent ledger` is added to it too (mesh/cli/ledger.py)
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -25,6 +25,7 @@ from mesh.cli import (
     servers,
 )
 from mesh.cli import install as agent_install
+from mesh.cli import ledger as agent_ledger
 from mesh.cli.context import LOCAL, ContextError, ContextStore, load_context, read_store
 from mesh.cli.exitcodes import EXIT_OK, EXIT_USAGE
 from mesh.cli.parser import build_parser
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             from mesh.cli.demo import run_demo
 
             return run_demo(args.sim_nodes)
+        if args.cmd == "agent" and getattr(args, "agent_cmd", None) == "ledger":
+            return agent_ledger.run(args)
         if args.cmd == "agent" and getattr(args, "agent_cmd", None):
             return agent_install.run(args, ctx)
         try:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from mesh.cli import certs, completion, contexts, fedview, infer, load, partition
 from mesh.cli import install as agent_install
+from mesh.cli import ledger as agent_ledger
 
 OUTPUTS = ("table", "json", "yaml", "wide")
 
@@ -306,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     fedview.add_parser(sub)  # `mesh region list`
     load.add_parser(sub)
     certs.add_parser(sub)
-    agent_install.add_parsers(ag)  # `mesh agent install|uninstall`
+    agent_ledger.add_parser(agent_install.add_parsers(ag))  # `mesh agent install|...|ledger`
     infer.add_parsers(sub)
     contexts.add_parser(sub)
     completion.add_parser(sub)

@@ -1,0 +1,328 @@
+"""`SiteLink`: a site's events forwarded to its region, in order, and its beats.
+
+One per site, beside the leaf (`mesh edge up`). Its agents publish task events into the
+site's own stream on the leaf (acknowledged even while the hub is away); the link reads
+that stream from its cursor and forwards each message to the region's events stream
+(`subjects.events(region, node)`, same payload, same `Nats-Msg-Id`), a window at a time,
+pipelined (every publish of a window in flight together, acks awaited after), so a
+backlog of thousands goes in a second or two. The cursor moves only over what the hub
+acknowledged (`edge.cursor.advance`), is stored in the site's KV bucket, and what it
+passed is purged from the site stream. While the hub is away it tries again every
+`retry_s` (0.2 s): a link that comes back is caught up within a window's round trip,
+where NATS stream sources wait out a 10 s health check and a backoff of up to 2 min.
+
+Why a KV key for the cursor, not a durable consumer's ack floor: a window is acked as a
+whole and out of order; with a consumer the floor moves by the server's redelivery
+rules (ack_wait, max_deliver) and a redelivered message may come after later ones, while
+a cursor we write ourselves is exactly "everything up to here is in the hub", read
+back by a restarted link. An ephemeral consumer (no acks) reads from cursor + 1.
+
+Every second it also beats (`SiteBeat` on `subjects.site_beat`: the region tells a
+cut-off site from a dead node by it) and tells the site's own agents whether the region
+is reachable (`SiteUplink`, leaf-local; at once on a change): reachable while the hub
+answered within `reachable_s` (a forward's ack, or when idle a JetStream API call to the
+hub's domain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from edge.cursor import advance, heard_nodes, reachable
+from edge.leaf import ensure_link_bucket, ensure_site_stream
+from mesh import subjects
+from mesh.codec import WireError, encode, unpack
+from mesh.connect import connect
+from mesh.edgeschema import NEVER, SiteBeat, SiteUplink
+from mesh.tasks import cancel_and_wait
+
+log = logging.getLogger("mesh.edge.uplink")
+
+CURSOR_KEY = "cursor"
+
+
+@dataclass
+class LinkCounters:
+    """What the link did: events forwarded (acknowledged by the hub), events stored at
+    the site and not yet forwarded, windows sent again after a failure, messages skipped
+    (a subject that names no node: never from our agents)."""
+
+    forwarded: int = 0
+    backlog: int = 0
+    retries: int = 0
+    skipped: int = 0
+
+
+class SiteLink:
+    """`start()` connects to the leaf (`nats_url`), ensures the site stream and the
+    cursor bucket, and runs the forwarder, the beat and the hub probe; `stop()` cancels
+    them all and closes the connection. `nc` may be passed instead of a URL (the caller
+    keeps it)."""
+
+    def __init__(
+        self,
+        nats_url: str | None,
+        region: str,
+        site: str,
+        *,
+        nc=None,
+        tls=None,
+        autonomy_s: float = NEVER,
+        window: int = 512,
+        retry_s: float = 0.2,
+        ack_timeout: float = 2.0,
+        beat_s: float = 1.0,
+        reachable_s: float = 3.0,
+        node_window_s: float = 10.0,
+    ) -> None:
+        self.nats_url = nats_url
+        self.region = subjects.token(region, "region")
+        self.site = subjects.token(site, "site")
+        self.tls = tls
+        self.autonomy_s = autonomy_s
+        self.window = window
+        self.retry_s = retry_s
+        self.ack_timeout = ack_timeout
+        self.beat_s = beat_s
+        self.reachable_s = reachable_s
+        self.node_window_s = node_window_s
+        self.counters = LinkCounters()
+        self.cursor = 0
+        self.nc = nc
+        self._own_nc = nc is None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sub = None  # the reader: an ephemeral consumer from cursor + 1
+        self._state_sub = None
+        self._heard: dict[str, float] = {}
+        self._last_answer: float | None = None  # monotonic time the hub last answered
+        self._reachable = False
+        self.cut_since = 0.0  # wall time the region was last lost (0: not since start)
+        self._seq = 0
+        self._uplink_changed = asyncio.Event()
+        self.stream = subjects.site_events_stream(self.site)
+
+    # ------------------------------------------------------------ life
+
+    async def start(self) -> None:
+        if self.nc is None:
+            self.nc = await connect(self.nats_url, name=f"sitelink:{self.site}", tls=self.tls)
+        try:
+            self.js = self.nc.jetstream(timeout=5.0)  # the leaf's own domain
+            self.hub_js = self.nc.jetstream(domain=subjects.HUB_DOMAIN, timeout=self.ack_timeout)
+            await ensure_site_stream(self.js, self.region, self.site)
+            self.kv = await ensure_link_bucket(self.js, self.site)
+            self.cursor = await self._read_cursor()
+            self._state_sub = await self.nc.subscribe(
+                subjects.state_all(self.region), cb=self._on_state
+            )
+        except BaseException:
+            await self.stop()
+            raise
+        self._tasks = [
+            asyncio.create_task(self._forward_loop(), name=f"sitelink-forward:{self.site}"),
+            asyncio.create_task(self._beat_loop(), name=f"sitelink-beat:{self.site}"),
+            asyncio.create_task(self._probe_loop(), name=f"sitelink-probe:{self.site}"),
+        ]
+        log.info("site link %s -> region %s from cursor %d", self.site, self.region, self.cursor)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            await cancel_and_wait(t)
+        self._tasks = []
+        await self._drop_reader()
+        if self._state_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._state_sub.unsubscribe()
+            self._state_sub = None
+        if self._own_nc and self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+            self.nc = None
+
+    @property
+    def reachable(self) -> bool:
+        return reachable(self._last_answer, time.monotonic(), self.reachable_s)
+
+    # ------------------------------------------------------------ forwarding
+
+    async def _read_cursor(self) -> int:
+        with contextlib.suppress(Exception):  # absent: from the stream's start
+            entry = await self.kv.get(CURSOR_KEY)
+            return int(entry.value or b"0")
+        return 0
+
+    async def _forward_loop(self) -> None:
+        while True:
+            try:
+                if await self._forward_window():
+                    continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the hub away, the leaf restarting: try again
+                log.debug("site link %s: window not forwarded: %s", self.site, exc)
+            self.counters.retries += 1
+            await self._drop_reader()
+            await asyncio.sleep(self.retry_s)
+
+    async def _reader(self):
+        if self._sub is None:
+            self._sub = await self.js.pull_subscribe(
+                subjects.site_events_all(self.region, self.site),
+                durable=None,
+                stream=self.stream,
+                config=ConsumerConfig(
+                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                    opt_start_seq=self.cursor + 1,
+                    ack_policy=AckPolicy.NONE,
+                    inactive_threshold=30.0,
+                    mem_storage=True,
+                ),
+                pending_msgs_limit=4 * self.window,
+            )
+        return self._sub
+
+    async def _drop_reader(self) -> None:
+        """Unsubscribe and delete the reader's consumer (else it lingers until its
+        inactive threshold)."""
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            with contextlib.suppress(Exception):
+                await self.js.delete_consumer(self.stream, sub._consumer)
+
+    async def _forward_window(self) -> bool:
+        """One window: True when it went through whole (or there was nothing to send),
+        False when the link must wait `retry_s` and resend from the cursor."""
+        sub = await self._reader()
+        try:
+            msgs = await sub.fetch(self.window, timeout=1.0)
+        except TimeoutError:
+            self.counters.backlog = 0
+            return True
+        sent: list[tuple[int, asyncio.Future | None]] = []
+        for msg in msgs:
+            seq = msg.metadata.sequence.stream
+            node = subjects.site_events_node(self.region, self.site, msg.subject)
+            if node is None:
+                self.counters.skipped += 1
+                sent.append((seq, None))
+                continue
+            headers = {k: v for k, v in (msg.headers or {}).items() if k == "Nats-Msg-Id"}
+            fut = await self.hub_js.publish_async(
+                subjects.events(self.region, node),
+                msg.data,
+                stream=subjects.events_stream(self.region),
+                headers=headers or None,
+            )
+            sent.append((seq, fut))
+        results = []
+        for seq, fut in sent:
+            results.append((seq, fut is None or await self._acked(fut)))
+        if msgs:
+            self.counters.backlog = msgs[-1].metadata.num_pending + sum(
+                1 for _, ok in results if not ok
+            )
+        step = advance(self.cursor, results)
+        if step.cursor != self.cursor:
+            self.cursor = step.cursor
+            self.counters.forwarded += step.forwarded
+            self._heard_hub()
+            await self.kv.put(CURSOR_KEY, str(self.cursor).encode())
+            with contextlib.suppress(Exception):  # reclaimed next time if not now
+                await self.js.purge_stream(self.stream, seq=self.cursor + 1)
+        return step.complete
+
+    async def _acked(self, fut: asyncio.Future) -> bool:
+        try:
+            await asyncio.wait_for(fut, self.ack_timeout)
+            return True
+        except asyncio.CancelledError:
+            if not fut.cancelled():
+                raise
+            return False
+        except Exception as exc:
+            log.debug("site link %s: not acknowledged: %r", self.site, exc)
+            return False
+
+    # ------------------------------------------------------------ reachability and beats
+
+    def _heard_hub(self) -> None:
+        self._last_answer = time.monotonic()
+        self._note_reachability()
+
+    def _note_reachability(self) -> None:
+        now = self.reachable
+        if now != self._reachable:
+            self._reachable = now
+            if not now:
+                self.cut_since = time.time()
+            log.info("site link %s: region %s", self.site, "reachable" if now else "unreachable")
+            self._uplink_changed.set()
+
+    async def _probe_loop(self) -> None:
+        """When nothing was forwarded for a second, ask the hub's JetStream something
+        cheap: its answer is the region's being reachable."""
+        while True:
+            if self._last_answer is None or time.monotonic() - self._last_answer >= self.beat_s:
+                try:
+                    await self.hub_js.account_info()
+                    self._heard_hub()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    pass
+            self._note_reachability()
+            await asyncio.sleep(min(0.5, self.beat_s))
+
+    async def _on_state(self, msg) -> None:
+        """A node's heartbeat heard on the leaf: one of this site's nodes if it says so."""
+        try:
+            state = unpack(msg.data)
+        except WireError:
+            return
+        if isinstance(state, dict) and state.get("site") == self.site:
+            node = state.get("node_id")
+            if subjects.is_token(node):
+                self._heard[node] = time.monotonic()
+
+    def beat(self) -> SiteBeat:
+        now = time.monotonic()
+        self._heard = {n: t for n, t in self._heard.items() if now - t <= self.node_window_s}
+        self._seq += 1
+        return SiteBeat(
+            site=self.site,
+            region=self.region,
+            seq=self._seq,
+            ts=time.time(),
+            autonomy_s=self.autonomy_s,
+            nodes=heard_nodes(self._heard, now, self.node_window_s),
+            backlog=self.counters.backlog,
+            forwarded=self.counters.forwarded,
+            cut_since=self.cut_since,
+        )
+
+    def uplink(self) -> SiteUplink:
+        up = self.reachable
+        return SiteUplink(
+            site=self.site, ts=time.time(), reachable=up, since=0.0 if up else self.cut_since
+        )
+
+    async def _beat_loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # lost while the leaf is away, as beats are
+                await self.nc.publish(
+                    subjects.site_beat(self.region, self.site), encode(self.beat())
+                )
+                await self.nc.publish(
+                    subjects.site_uplink(self.region, self.site), encode(self.uplink())
+                )
+            self._uplink_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._uplink_changed.wait(), self.beat_s)
