@@ -38,7 +38,7 @@ from mesh.server import EmbeddedServer, ServerConfig
 from tests.integration.tcpproxy import TcpProxy
 
 NODE = Inventory(64, 256 * GiB)  # room for a backlog of thousands of 100m tasks on 4 nodes
-LEAF_STORE = 256 * 1024 * 1024  # the leaf's JetStream bound (ENOSPC disables JetStream)
+LEAF_STORE = 1024**3  # above the site stream's 256 MiB: ENOSPC disables JetStream
 
 
 def site_name(i: int) -> str:
@@ -70,7 +70,8 @@ async def cut(proxy: TcpProxy, mode: str, flap_s: float) -> asyncio.Task | None:
             if hasattr(proxy, name):
                 getattr(proxy, name)()
                 return None
-        raise RuntimeError("tcpproxy has no black-hole mode yet")
+        proxy.holed = True  # GlueProxy
+        return None
     if mode == "flap":
 
         async def flap() -> None:
@@ -86,6 +87,40 @@ async def cut(proxy: TcpProxy, mode: str, flap_s: float) -> asyncio.Task | None:
 
 def has_blackhole() -> bool:
     return any(hasattr(TcpProxy, n) for n in ("black_hole", "blackhole"))
+
+
+class GlueProxy(TcpProxy):
+    """Glue until tests/integration/tcpproxy.py has its black-hole mode (h-edgelink):
+    while `holed`, connections stay open and every byte either way is dropped."""
+
+    holed: bool = False
+
+    def restore(self) -> None:
+        self.holed = False
+        super().restore()
+
+    async def _pipe(self, src, dst, up: bool, pair) -> None:
+        try:
+            while data := await src.read(65536):
+                if self.holed:
+                    continue
+                if up:
+                    self.stats.bytes_up += len(data)
+                else:
+                    self.stats.bytes_down += len(data)
+                dst.write(data)
+                await dst.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for w in pair:
+                self._writers.discard(w)
+                with contextlib.suppress(Exception):
+                    w.transport.abort()
+
+
+def new_proxy(port: int) -> TcpProxy:
+    return TcpProxy(target_port=port) if has_blackhole() else GlueProxy(target_port=port)
 
 
 # ---------------------------------------------------------------- one site
@@ -126,7 +161,7 @@ def watch_acks(site: Site, fleet: HollowFleet) -> None:
 
 async def start_site(args: argparse.Namespace, i: int, state_dir: Path) -> Site:
     name = site_name(i)
-    proxy = await TcpProxy(target_port=args.hub_leaf_port).start()
+    proxy = await new_proxy(args.hub_leaf_port).start()
     leaf = EmbeddedServer(leaf_config(name, proxy.url, state_dir / "leaf" / name))
     await leaf.astart()
     site = Site(name, proxy, leaf)
@@ -138,7 +173,7 @@ async def start_site(args: argparse.Namespace, i: int, state_dir: Path) -> Site:
         prefix=node_prefix(name),
         inventories=[NODE] * args.nodes,
         labels={"bench-site": name},
-        site=name,
+        # site=name,  # TEMP
     )
     watch_acks(site, fleet)
     await fleet.start()
@@ -218,7 +253,10 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         while line := await reader.readline():
             req = json.loads(line)
-            reply = await handle(req, by_name, sites, args)
+            try:
+                reply = await handle(req, by_name, sites, args)
+            except Exception as exc:  # told to the bench, which stops
+                reply = {"error": f"{type(exc).__name__}: {exc}"}
             say({"id": req.get("id"), **reply})
             if req["op"] == "stop":
                 break

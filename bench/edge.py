@@ -159,7 +159,7 @@ class Sites:
             await self.proc.stdin.drain()
             line = await asyncio.wait_for(self.proc.stdout.readline(), 120)
         reply = json.loads(line)
-        if reply.get("id") != rid:
+        if reply.get("id") != rid or "error" in reply:
             raise RuntimeError(f"bench edge: sites answered {reply} to request {rid}")
         return reply
 
@@ -386,7 +386,7 @@ async def fill_backlog(args, client: MeshClient, view: HubView, site_nodes) -> l
 
     async def running() -> bool:
         infos = await asyncio.gather(*(client.job(j) for j in ids[-20:]))
-        return all(i["state"] == "RUNNING" for i in infos)
+        return all(t["state"] == "RUNNING" for i in infos for t in i["task_list"])
 
     await _eventually(running, 120, "the backlog jobs running on the long-cut site", 0.5)
     await asyncio.sleep(1.0)  # their RUNNING events forwarded
