@@ -81,6 +81,7 @@ ENDPOINTS = (
     "node.get",
     "cluster.info",
     "region.list",
+    "site.list",
     *partition_api.ENDPOINTS,
 )
 WRITES = (
@@ -111,6 +112,7 @@ class Api:
             "node.get": self.node_get,
             "cluster.info": self.cluster_info,
             "region.list": self.region_list,
+            "site.list": self.site_list,
             "pool.apply": self.pool_apply,
             "pool.list": self.pool_list,
             "pool.get": self.pool_get,
@@ -586,6 +588,10 @@ class Api:
     async def region_list(self, data: bytes) -> bytes:
         """The regions this candidate has heard summaries from (its own included)."""
         return ok(region=self.coord.region, regions=self.coord.board.rows(time.time()))
+
+    async def site_list(self, data: bytes) -> bytes:
+        """The region's edge sites as the leader sees them (docs/edge.md)."""
+        return ok(sites=self.coord.sites.rows(self.coord.state))
 
     # ------------------------------------------------------------ pools
 

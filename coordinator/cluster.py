@@ -11,6 +11,12 @@ signatures, and this coordinator does not sign, or signs with another key: see
 `mesh.signing.placement_bar`) is `barred`: kept and watched like any other, but left
 out of `ready()`, the nodes placement uses, with the reason kept for the jobs that wait.
 
+A node of an edge site (`NodeState.site`) that the leader judges cut off
+(`set_cut_sites`, from the sites' beats: edge/sites.py) is `disconnected` instead,
+whatever its heartbeats say: nothing is placed on it, and its tasks are LOST only once
+its site's autonomy has passed (reconcile.py). A site's beat also counts as hearing the
+nodes it lists (`heard_from_site`), so a site's nodes may heartbeat less often.
+
 Statuses change only here (`observe`, `expect`, `sweep`), so the view can keep what
 every round asks for: the ready nodes in order, the down ones, and a journal of the
 nodes that heartbeat or changed status (`changes`), so a round at 5,000 nodes looks
@@ -22,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coordinator.changes import Changes
+from edge.sites import DISCONNECTED, SiteView
 from mesh.schema import NodeState
 from mesh.signing import placement_bar
 
@@ -64,6 +71,9 @@ class ClusterView:
         self.down_after = down_after
         self.nodes: dict[str, NodeView] = {}  # read freely; changed only by the methods
         self.down: set[str] = set()
+        self.disconnected: set[str] = set()  # nodes of cut-off sites
+        self.cut_sites: frozenset[str] = frozenset()  # sites judged disconnected
+        self.sites: dict[str, SiteView] = {}  # the edge sites, from their beats and the log
         self.changes = Changes()  # a node id per heartbeat and per status change
         self.rejected = 0
         # Node ids, least recently heard from first (receiver time only grows), so a
@@ -85,6 +95,8 @@ class ClusterView:
             return False
         node_id = state.node_id
         status = REFUSING if state.refusing else READY
+        if state.site and state.site in self.cut_sites:
+            status = DISCONNECTED
         view = self.nodes.get(node_id)
         if view is None:
             view = self.nodes[node_id] = NodeView(state, now, status)
@@ -124,12 +136,13 @@ class ClusterView:
             self._ready = None
         return True
 
-    def expect(self, node_id: str, now: float) -> None:
+    def expect(self, node_id: str, now: float, site: str = "") -> None:
         """A node the log says holds tasks but that was never heard from: its silence
-        starts now, so it goes down (and its tasks are lost) unless it heartbeats."""
+        starts now, so it goes down (and its tasks are lost) unless it heartbeats; or,
+        of an edge `site` (as the log's site records list it), disconnected with it."""
         if node_id in self.nodes:
             return
-        placeholder = NodeState(node_id=node_id, region=self.region, seq=0, ts=0.0)
+        placeholder = NodeState(node_id=node_id, region=self.region, seq=0, ts=0.0, site=site)
         self.nodes[node_id] = NodeView(placeholder, now)
         self._ready = None
         self._heard(node_id)
@@ -154,10 +167,54 @@ class ClusterView:
             if age < self.suspect_after:
                 break  # every node after this one was heard from later still
             status = DOWN if age >= self.down_after else SUSPECT
+            if view.state.site and view.state.site in self.cut_sites:
+                status = DISCONNECTED
             if status != view.status:
                 self._set_status(view, status)  # (does not reorder what is walked here)
                 changed.append(node_id)
         return changed
+
+    def set_cut_sites(self, sites: frozenset[str], now: float) -> list[str]:
+        """The edge sites now judged disconnected; returns the nodes whose status changed.
+        A node of a site that came back takes the status its heartbeats give it."""
+        if sites == self.cut_sites:
+            return []
+        moved = sites ^ self.cut_sites
+        self.cut_sites = sites
+        changed = []
+        for view in self.nodes.values():
+            if view.state.site not in moved:
+                continue
+            status = self._heartbeat_status(view, now)
+            if view.state.site in sites:
+                status = DISCONNECTED
+            if status != view.status:
+                self._set_status(view, status)
+                changed.append(view.node_id)
+        return sorted(changed)
+
+    def heard_from_site(self, site: str, node_ids: tuple[str, ...], now: float) -> list[str]:
+        """A beat of `site` listing these nodes: those the view knows as the site's are
+        heard from now (their last heartbeat's state stands). Returns those that came
+        back (were suspect or down)."""
+        back = []
+        for node_id in node_ids:
+            view = self.nodes.get(node_id)
+            if view is None or view.state.site != site or view.state.seq == 0:
+                continue  # a site speaks only for its own nodes, heard from at least once
+            view.last_seen = max(view.last_seen, now)
+            self._by_age.pop(node_id, None)
+            self._by_age[node_id] = None
+            if view.status in (SUSPECT, DOWN):
+                self._set_status(view, REFUSING if view.state.refusing else READY)
+                back.append(node_id)
+        return back
+
+    def _heartbeat_status(self, view: NodeView, now: float) -> str:
+        age = now - view.last_seen
+        if age < self.suspect_after:
+            return REFUSING if view.state.refusing else READY
+        return DOWN if age >= self.down_after else SUSPECT
 
     def ready(self) -> list[NodeView]:
         """The READY nodes that are not barred, ordered by node id. The same list until
@@ -191,4 +248,8 @@ class ClusterView:
             self.down.add(view.node_id)
         else:
             self.down.discard(view.node_id)
+        if status == DISCONNECTED:
+            self.disconnected.add(view.node_id)
+        else:
+            self.disconnected.discard(view.node_id)
         self.changes.add(view.node_id)

@@ -35,6 +35,7 @@ from mesh.schema import (
     MAX_ASSIGNMENT_BATCH,
     Assignment,
     AssignmentBatch,
+    DuplicateStopped,
     HealthProbe,
     LeaderElected,
     LogEvent,
@@ -141,6 +142,7 @@ class Leader:
         await self.coord.follower.catch_up()
         self.writer.start()
         await self.writer.append([LeaderElected(self.term, self.coord.candidate_id, time.time())])
+        self.coord.sites.seed(self.state)  # before any node's silence is judged
         self._seed_unheard_nodes()
         await self._republish_placed()
         self._events = self._events_reader()
@@ -212,6 +214,9 @@ class Leader:
             self._in_doubt = set()
         if self._unsent:
             self._resend_unsent()
+        records = self.coord.sites.round(self.state)  # before nodes' silence is judged
+        if records:
+            await self.writer.append(records)
         for _ in range(MAX_ROUNDS):
             self.coord.cluster.sweep(time.monotonic())
             now = time.time()
@@ -227,6 +232,9 @@ class Leader:
             if not d.events:
                 return
             placed = [ev for ev in d.events if isinstance(ev, TaskPlaced)]
+            for ev in d.events:
+                if isinstance(ev, DuplicateStopped):
+                    log.warning("task %s on node %s: %s", ev.task_id, ev.node_id, ev.message)
             try:
                 await self.writer.append(d.events)
             except Unavailable:

@@ -27,7 +27,8 @@ from coordinator.scheduling import (
 )
 from coordinator.services import keep_services, restart_delay
 from coordinator.state import HOLDING, JobRecord, RegionState, TaskRecord
-from mesh.schema import LogEvent, TaskEvent, TaskPlaced, TaskUpdated
+from edge.sites import lost_why, may_declare_lost
+from mesh.schema import DuplicateStopped, LogEvent, TaskEvent, TaskPlaced, TaskUpdated
 from workloads.lifecycle import ENDED, FINAL, TaskState, can_transition
 from workloads.resources import Resources
 
@@ -66,7 +67,7 @@ def reconcile(
     _lose_tasks_a_node_forgot(state, nodes, now, d)
     _requeue_or_settle(state, now, d)
     _kill_requested_jobs(state, now, d)
-    _kill_stale_copies(state, nodes, d)
+    _kill_stale_copies(state, nodes, now, d)
     if state.partitions.moving:
         d.events.extend(drain_moves(state, now))  # docs/partitions.md
     _reclaim_preempted(state, d)
@@ -206,6 +207,14 @@ def _lose_tasks_on_down_nodes(
     for node_id in sorted(n for n in nodes.down if n in state.node_tasks):
         for tid in sorted(state.node_tasks[node_id]):
             d.events.append(_lost(state, tid, node_id, now, "stopped heartbeating"))
+    # A cut-off site's nodes keep running their tasks: LOST only past its autonomy
+    # (`now` is the wall clock, as the sites' `last_heard`: edge/sites.py).
+    for node_id in sorted(n for n in nodes.disconnected if n in state.node_tasks):
+        site = nodes.sites.get(nodes.nodes[node_id].state.site)
+        if site is not None and may_declare_lost(site, now):
+            why = lost_why(site, now)
+            for tid in sorted(state.node_tasks[node_id]):
+                d.events.append(_lost(state, tid, node_id, now, why))
 
 
 FORGOTTEN_AFTER_S = 10.0  # missing from a node's heartbeats this long (its clock): LOST
@@ -367,7 +376,7 @@ class _StaleCopies:
     moved: set[str] = field(default_factory=set)  # nodes whose grants moved since
 
 
-def _kill_stale_copies(state: RegionState, nodes: ClusterView, d: Decisions) -> None:
+def _kill_stale_copies(state: RegionState, nodes: ClusterView, now: float, d: Decisions) -> None:
     """A node that reports a task attempt it should not be running (it was declared
     LOST and rescheduled while the node was away) must stop it: never run both.
 
@@ -404,6 +413,24 @@ def _kill_stale_copies(state: RegionState, nodes: ClusterView, d: Decisions) -> 
                 memo.found.pop(node_id, None)
     for node_id in sorted(memo.found):
         d.kills.extend(memo.found[node_id])
+        if nodes.nodes[node_id].state.site:
+            d.events.extend(_duplicates(state, memo.found[node_id], now))
+
+
+def _duplicates(state: RegionState, kills: list[Kill], now: float) -> list[DuplicateStopped]:
+    """A site's node came back running an attempt that was run again meanwhile (its site
+    was cut off past its autonomy): the kill stops it, and this logs it, once per copy."""
+    out = []
+    for k in kills:
+        t = state.tasks[k.task_id]
+        if t.attempt <= k.attempt or (k.task_id, k.attempt, k.node_id) in state.duplicates:
+            continue
+        why = (
+            f"duplicate run of attempt {k.attempt} stopped: attempt {t.attempt} "
+            f"ran after the site's autonomy"
+        )
+        out.append(DuplicateStopped(k.job_id, k.task_id, k.attempt, k.node_id, t.attempt, why, now))
+    return out
 
 
 def _stale_on(state: RegionState, view: NodeView) -> list[Kill]:

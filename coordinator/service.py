@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from coordinator.api import Api
 from coordinator.cluster import ClusterView
+from coordinator.edgesites import SiteTracker
 from coordinator.federation.board import Board, BoardConfig
 from coordinator.federation.link import FedLink
 from coordinator.federation.model import FederationConfig
@@ -59,6 +60,7 @@ class CoordinatorConfig:
     lease_ttl: float = 2.0
     suspect_after: float = 3.0
     down_after: float = 10.0
+    site_silent_s: float = 3.0  # an edge site unheard this long is disconnected
     replicas: int = 1
     preempt_every_s: float = 0.25  # one preemption cycle this often (hysteresis counts them)
     preempt_cycles: int = 2  # cycles a pool must stay over entitlement before it is preempted
@@ -81,6 +83,7 @@ class Coordinator:
         self.cluster = ClusterView(
             self.region, config.suspect_after, config.down_after, signer=self.signer
         )
+        self.sites = SiteTracker(self.region, self.cluster, config.site_silent_s)
         self.controlling = Controlling()  # partition hotness, fed by every candidate
         self._said_barred: dict[str, str] = {}  # node -> the bar last logged for it
         self._said_unverified = False
@@ -94,6 +97,7 @@ class Coordinator:
         self.follower: LogFollower | None = None
         self.lease: LeaseThread | None = None
         self._state_sub = None
+        self._beat_sub = None
         self.heartbeats = RepeatDecoder(NodeState, MAX_REMEMBERED_HEARTBEATS)
         self._lead_lock = asyncio.Lock()
         self._stopped = asyncio.Event()
@@ -114,6 +118,9 @@ class Coordinator:
         await self.follower.catch_up(timeout=30.0)
         self._state_sub = await self.nc.subscribe(
             subjects.state_all(self.region), cb=self._on_state
+        )
+        self._beat_sub = await self.nc.subscribe(
+            subjects.site_beat_all(self.region), cb=self._on_beat
         )
         await self.api.start()
         await self.board.start(self.nc)
@@ -166,9 +173,10 @@ class Coordinator:
         await self.step_down(None)
         await self.board.stop()
         await self.api.stop()
-        if self._state_sub is not None:
-            with contextlib.suppress(Exception):
-                await self._state_sub.unsubscribe()
+        for sub in (self._state_sub, self._beat_sub):
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
         if self.follower is not None:
             await self.follower.stop()
         if self.nc is not None:
@@ -260,6 +268,10 @@ class Coordinator:
             self._say_bar(st)
             if self.leader is not None:
                 self.leader.wake()
+
+    async def _on_beat(self, msg) -> None:
+        if self.sites.on_beat(msg.subject, msg.data) and self.leader is not None:
+            self.leader.wake()
 
     def _say_bar(self, st: NodeState) -> None:
         """A node whose verify key this coordinator cannot satisfy is logged once (and

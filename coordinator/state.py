@@ -20,6 +20,7 @@ from coordinator.pools.jobs import PendingJob
 from mesh.schema import (
     BreakGlassEnded,
     BreakGlassSet,
+    DuplicateStopped,
     FedHoldRecorded,
     FedHomeRecorded,
     JobKillRequested,
@@ -32,6 +33,7 @@ from mesh.schema import (
     PartitionsConfigSet,
     PoolsApplied,
     ReplicaAdded,
+    SiteRecorded,
     TaskPlaced,
     TaskPreemptRequested,
     TaskStopRequested,
@@ -318,6 +320,10 @@ class RegionState:
         self.fed_home: dict[str, FedHomeRecorded] = {}
         self.fed_held: dict[str, FedHoldRecorded] = {}
         self.federated: set[str] = set()
+        # Edge sites (edge/sites.py): per site, its latest SiteRecorded; and the stale
+        # copies already said stopped (task, attempt, node), so each is logged once.
+        self.sites: dict[str, SiteRecorded] = {}
+        self.duplicates: set[tuple[str, int, str]] = set()
 
     # ------------------------------------------------------------ fold
 
@@ -344,6 +350,9 @@ class RegionState:
     def _apply_event(self, seq: int, ev: object) -> None:
         if isinstance(ev, TaskUpdated):
             self._task_updated(ev)
+            return
+        if isinstance(ev, SiteRecorded | DuplicateStopped):
+            self._edge_event(ev)
             return
         self.epoch += 1
         if isinstance(ev, TaskPlaced):
@@ -396,6 +405,22 @@ class RegionState:
             self._fed_home(ev)
         elif isinstance(ev, FedHoldRecorded):
             self.fed_held[ev.job_id] = ev  # (only its holder logs it: each supersedes the last)
+
+    def _edge_event(self, ev: SiteRecorded | DuplicateStopped) -> None:
+        """A site's status (each record replaces the last), or a stale copy stopped: a
+        line in the task's history that `mesh job status -o wide` shows."""
+        if isinstance(ev, SiteRecorded):
+            self.sites[ev.site] = ev
+            return
+        task = self.tasks.get(ev.task_id)
+        key = (ev.task_id, ev.attempt, ev.node_id)
+        if task is None or key in self.duplicates:
+            self.ignored += 1
+            return
+        self.duplicates.add(key)
+        task.history.append((ev.ts, ev.attempt, "KILLED", ev.node_id, ev.message))
+        if len(task.history) > HISTORY_LIMIT:
+            del task.history[: len(task.history) - HISTORY_LIMIT]
 
     def _fed_home(self, ev: FedHomeRecorded) -> None:
         """The home's record of one of its jobs moved: the job leaves the placement queue

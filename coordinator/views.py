@@ -52,6 +52,7 @@ def node_summary(view: NodeView, state: RegionState, now: float) -> dict:
         "node_id": s.node_id,
         "status": view.status,
         "zone": s.zone,
+        "site": s.site,  # the edge site it belongs to ("": none)
         "simulated": s.simulated,
         "labels": dict(s.labels),
         "capacity": s.capacity.to_dict(),

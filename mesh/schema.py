@@ -60,6 +60,8 @@ __all__ = [
     "PartitionsConfigSet",
     "FedHomeRecorded",
     "FedHoldRecorded",
+    "SiteRecorded",
+    "DuplicateStopped",
     "PartitionRef",
     "PartitionApplyRequest",
     "PartitionMoveRequest",
@@ -570,6 +572,43 @@ class FedHoldRecorded:
     ts: float = 0.0
 
 
+SITE_STATUSES = ("connected", "disconnected")  # edge/sites.py
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class SiteRecorded:
+    """An edge site's status as the leader judged it from its beats (edge/sites.py),
+    logged on each transition and autonomy change: a new leader continues the site's
+    autonomy clock from `last_heard` (the region's wall clock) instead of from zero."""
+
+    site: str = wf(max_len=64)
+    status: str = wf(choices=SITE_STATUSES)
+    since: float = 0.0
+    autonomy_s: float = wf(-1.0, ge=-1.0)  # -1: never declare its tasks lost
+    last_heard: float = 0.0
+    ts: float = 0.0
+    # Its nodes, from its newest beat: a new leader that never heard them knows them as
+    # the site's (not down after 10 s of silence, but waiting out the autonomy).
+    nodes: tuple[str, ...] = wf((), max_len=4096)
+
+
+@tagged
+@dataclass(frozen=True, slots=True)
+class DuplicateStopped:
+    """A node came back running an attempt that was re-placed meanwhile (its site was
+    cut off past its autonomy, or the node was declared down); that copy is killed (the
+    highest attempt wins) and this says so in the task's history."""
+
+    job_id: str = wf(max_len=ID)
+    task_id: str = wf(max_len=ID)
+    attempt: int = wf(ge=0)  # the stale copy's
+    node_id: str = wf(max_len=ID)
+    current: int = wf(ge=0)  # the attempt that stands
+    message: str = wf("", max_len=1024)
+    ts: float = 0.0
+
+
 LogEvent = (
     JobSubmitted
     | TaskPlaced
@@ -588,6 +627,8 @@ LogEvent = (
     | PartitionsConfigSet
     | FedHomeRecorded
     | FedHoldRecorded
+    | SiteRecorded
+    | DuplicateStopped
 )
 
 

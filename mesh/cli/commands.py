@@ -12,7 +12,7 @@ from typing import Any
 
 from coordinator.partitions.config import parse_partitions_config
 from coordinator.pools import parse_pool_tree
-from mesh.cli import fedview, infer, jobs, load, output, partition, render
+from mesh.cli import fedview, infer, jobs, load, output, partition, render, sites
 from mesh.cli.context import Context
 from mesh.cli.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from mesh.client import MeshClient
@@ -93,6 +93,8 @@ async def _dispatch(args: argparse.Namespace, client: MeshClient) -> int:
         return await _job(args, client)
     if args.cmd == "pool":
         return await _pool(args, client)
+    if args.cmd == "site":
+        return await sites.run(args, client)
     if args.cmd == "partition":
         return await partition.run(args, client, getattr(args, "texts", []))
     if args.cmd == "model":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-from mesh.cli import certs, completion, contexts, fedview, infer, load, partition
+from mesh.cli import certs, completion, contexts, fedview, infer, load, partition, sites
 from mesh.cli import install as agent_install
 from mesh.cli import ledger as agent_ledger
 
@@ -304,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_parser("info", help="leader, term, node and job counts")
 
     partition.add_parser(sub)
+    sites.add_parser(sub)  # `mesh site list`
     fedview.add_parser(sub)  # `mesh region list`
     load.add_parser(sub)
     certs.add_parser(sub)

@@ -139,6 +139,7 @@ def permissions(region: str, identity: Identity, *, fleet_nodes: Sequence[str] =
             publish=(
                 subjects.state(r, node),
                 subjects.events(r, node),
+                subjects.site_beat_all(r),  # an edge site's link runs beside its agent
                 *_consumer_calls(stream, subjects.agent_consumer(node), subjects.assign(r, node)),
                 *_ensure_streams(r),
             ),
@@ -156,6 +157,7 @@ def permissions(region: str, identity: Identity, *, fleet_nodes: Sequence[str] =
             publish=(
                 *(subjects.state(r, n) for n in nodes),
                 *(subjects.events(r, n) for n in nodes),
+                subjects.site_beat_all(r),  # a hollow site's link beats for it
                 # Its consumer filters on many subjects, which no create subject can
                 # carry: see docs/security.md ("hollow fleets").
                 *_consumer_calls(stream, fleet_consumer(identity.name), None),
@@ -207,6 +209,7 @@ def permissions(region: str, identity: Identity, *, fleet_nodes: Sequence[str] =
             ),
             subscribe=(
                 subjects.state_all(r),
+                subjects.site_beat_all(r),  # edge sites' beats (edge/sites.py)
                 subjects.fed_all(),
                 _all_under(subjects.api(r, "x")),
                 _all_under(subjects.leader_api(r, "x")),

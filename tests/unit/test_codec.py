@@ -25,6 +25,7 @@ from mesh.schema import (
     BreakGlassEnded,
     BreakGlassRequest,
     BreakGlassSet,
+    DuplicateStopped,
     ErrorCode,
     FedHoldRecorded,
     FedHomeRecorded,
@@ -53,6 +54,7 @@ from mesh.schema import (
     PoolsApplied,
     ReplicaAdded,
     RestoreRequest,
+    SiteRecorded,
     SubmitRequest,
     TaskEvent,
     TaskEventBatch,
@@ -343,7 +345,29 @@ fed_hold_recorded = st.builds(
     why=text(100),
     ts=floats(),
 )
+site_recorded = st.builds(
+    SiteRecorded,
+    site=text(64),
+    status=st.sampled_from(("connected", "disconnected")),
+    since=floats(),
+    autonomy_s=floats(-1.0),
+    last_heard=floats(),
+    ts=floats(),
+    nodes=st.lists(text(64), max_size=4).map(tuple),
+)
+duplicate_stopped = st.builds(
+    DuplicateStopped,
+    job_id=text(128),
+    task_id=text(128),
+    attempt=ints(),
+    node_id=text(128),
+    current=ints(),
+    message=text(100),
+    ts=floats(),
+)
 log_event = st.one_of(
+    site_recorded,
+    duplicate_stopped,
     fed_home_recorded,
     fed_hold_recorded,
     job_updated,
@@ -425,6 +449,8 @@ STRATEGIES = {
     PartitionsConfigSet: partitions_config_set,
     FedHomeRecorded: fed_home_recorded,
     FedHoldRecorded: fed_hold_recorded,
+    SiteRecorded: site_recorded,
+    DuplicateStopped: duplicate_stopped,
     PartitionRef: st.builds(PartitionRef, name=text(65)),
     PartitionApplyRequest: st.builds(PartitionApplyRequest, source=text(200)),
     PartitionMoveRequest: st.builds(
