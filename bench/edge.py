@@ -49,7 +49,7 @@ from bench import _edge_footprint as footprint
 from bench._util import loadavg, machine, percentile, summary_ms, with_state_dir
 from coordinator.service import Coordinator, CoordinatorConfig
 from mesh import subjects
-from mesh.client import MeshClient
+from mesh.client import FINISHED, MeshClient
 from mesh.codec import WireError, decode
 from mesh.connect import close_quietly, connect
 from mesh.schema import TaskEvent
@@ -68,7 +68,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--job-s", type=float, default=2.0, help="a short job's simulated length")
     p.add_argument("--outage", type=float, default=10.0, help="a short cut's length, s")
     p.add_argument("--cut-every", type=float, default=4.0, help="s between short cuts")
-    p.add_argument("--long-outage", type=float, default=180.0, help="s01's long cut, s")
+    p.add_argument("--long-outage", type=float, default=180.0, help="s00's long cut, s")
     p.add_argument("--backlog", type=int, default=2000, help="jobs ending during the long cut")
     p.add_argument("--flap-s", type=float, default=1.0, help="a flap's half period, s")
     p.add_argument("--idle", type=float, default=60.0, help="idle window of the footprint, s")
@@ -77,14 +77,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--state-dir", help="keep the servers' state here (default: a temp dir)")
     args = p.parse_args(argv)
     if args.quick:
-        args.sites, args.rate, args.job_s, args.outage, args.cut_every = 3, 4.0, 1.0, 3.0, 1.5
-        args.long_outage, args.backlog, args.idle, args.drain, args.flap_s = (
-            8.0,
-            200,
-            4.0,
-            20.0,
-            0.5,
-        )
+        args.sites, args.rate, args.job_s, args.outage, args.cut_every = 3, 4.0, 1.0, 5.0, 2.0
+        args.long_outage, args.backlog, args.idle, args.drain = 12.0, 200, 3.0, 20.0
+        args.flap_s = 0.5
     if args.sites < 2 or args.nodes < 1:
         p.error("--sites must be at least 2 (s00 has the long cut) and --nodes at least 1")
     return args
@@ -347,14 +342,14 @@ async def schedule(args, client: MeshClient, sites: Sites, view: HubView, nodes)
         others = sorted(s for s in nodes if s != LONG_SITE)
         cuts, t_end = [], time.monotonic() + args.long_outage
         busy: set[str] = set()
-        for i in itertools.count():
+        while True:
             if time.monotonic() >= t_end - args.outage and cuts:
                 break
             free = [s for s in others if s not in busy]
             if free:
                 site = rng.choice(free)
                 busy.add(site)
-                task = asyncio.create_task(outage(site, MODES[i % len(MODES)], args.outage))
+                task = asyncio.create_task(outage(site, MODES[len(cuts) % len(MODES)], args.outage))
                 task.add_done_callback(lambda _t, s=site: busy.discard(s))
                 cuts.append(task)
             await asyncio.sleep(args.cut_every)
@@ -407,12 +402,11 @@ async def resync_time(view: HubView, keys, t_restore: float, timeout: float) -> 
 
 
 async def drain(client: MeshClient, job_ids: list[str], timeout: float) -> bool:
-    ended = {"SUCCEEDED", "FAILED", "KILLED", "LOST"}
     left = set(job_ids)
     deadline = time.monotonic() + timeout
     while left and time.monotonic() < deadline:
         rows = await client.jobs(limit=10_000)
-        left -= {r["job_id"] for r in rows if r["state"] in ended}
+        left -= {r["job_id"] for r in rows if r["state"] in FINISHED}
         await asyncio.sleep(1.0)
     return not left
 
