@@ -115,6 +115,7 @@ from dataclasses import dataclass, field, replace
 
 import msgpack
 
+from agent.ledger import Run, RunBook
 from agent.link import AssignmentMessage, EventPublisher, FleetFeed
 from mesh import subjects
 from mesh.codec import to_wire
@@ -694,7 +695,8 @@ class HollowFleet:
     `gpu_background` (GPU uuid -> percent) makes GPUs look busy with no mesh task on
     them; `set_gpu_background` changes it while running. `crash` takes a node down.
     `labels` go into every node's heartbeats, as an agent's `--label`s do (e.g.
-    `{"partition": "stateless"}` starts the fleet in that partition)."""
+    `{"partition": "stateless"}` starts the fleet in that partition). Every run is
+    recorded in its ledger (`ledger()`; also appended to `ledger_path` when given)."""
 
     def __init__(
         self,
@@ -711,8 +713,10 @@ class HollowFleet:
         tls: ClientTls | None = None,
         batch_busy: float = BATCH_BUSY,
         labels: Mapping[str, str] | None = None,
+        ledger_path: str | os.PathLike[str] | None = None,
     ) -> None:
         self.nats_url = nats_url
+        self.book = RunBook(ledger_path)  # every run, as the nodes ran it (`ledger()`)
         self.tls = tls  # its certificate (fleet:PREFIX) on a secure mesh
         # Like a real agent: with the coordinator's public key, act on nothing unverified.
         if isinstance(verify_key, (str, os.PathLike)):
@@ -803,6 +807,10 @@ class HollowFleet:
             extra=fields(event="started", process="fleet", region=self.region, **endpoint(self.nc)),
         )
 
+    def ledger(self) -> list[Run]:
+        """Every run this fleet's nodes started (agent/ledger.py: `count_duplicates`)."""
+        return self.book.runs()
+
     async def stop(self) -> None:
         self._stopping = True  # runs cut short by a shutdown were not killed: report nothing
         for t in self._tasks:
@@ -811,7 +819,7 @@ class HollowFleet:
         if self.feed is not None:
             await self.feed.stop()
         for node in self.nodes.values():
-            node.drop_all()
+            self.book.dropped(node.node_id, node.drop_all())
             if node.wake is not None:
                 node.wake.cancel()
                 node.wake = None
@@ -819,6 +827,7 @@ class HollowFleet:
             await self.events.stop(flush_timeout=2.0)  # what already ended still gets told
         if self.nc is not None:
             await close_quietly(self.nc)
+        self.book.close()
 
     # ------------------------------------------------------------ failures
 
@@ -832,6 +841,7 @@ class HollowFleet:
         node = self.nodes[node_id]
         loop = asyncio.get_running_loop()
         dropped = node.drop_all()
+        self.book.dropped(node_id, dropped)
         now = time.monotonic()
         self._ended.extend((now, node, key) for key in dropped)
         self.counts["crashes"] += 1
@@ -927,6 +937,7 @@ class HollowFleet:
             self._end(node, key)
             return
         self.counts["runs"] += 1
+        self.book.started(a.task_id, a.attempt, node.node_id)
         # A simulated service replica with a health check passes it from the start.
         self._report(node, a, TaskState.RUNNING, health="healthy" if a.spec.health else "")
         duration = a.spec.simulate.duration_s
@@ -957,6 +968,7 @@ class HollowFleet:
         if timer is None:
             return
         timer.cancel()
+        self.book.ended(a.task_id, a.attempt, node.node_id, "KILLED")
         self.counts["kills"] += 1
         self._report(node, a, TaskState.KILLED, message="killed")
         self._end(node, key)
@@ -980,9 +992,14 @@ class HollowFleet:
 
     def _finish(self, node: HollowNode, a: Assignment) -> None:
         key = (a.task_id, a.attempt)
-        if node.end_run(key) is None or self._stopping:
+        if node.end_run(key) is None:
+            return
+        if self._stopping:
+            self.book.dropped(node.node_id, [key])
             return
         sim = a.spec.simulate
+        outcome = "SUCCEEDED" if sim.exit_code == 0 else "FAILED"
+        self.book.ended(a.task_id, a.attempt, node.node_id, outcome)
         if sim.exit_code == 0:
             self._report(node, a, TaskState.SUCCEEDED, exit_code=0)
         else:

@@ -184,6 +184,11 @@ class RunBook:
         row = {"task_id": task_id, "attempt": attempt, "run": r.run, "node_id": node_id}
         self._write(row | {"end": end, "outcome": outcome})
 
+    def dropped(self, node_id: str, keys: Iterable[tuple[str, int]]) -> None:
+        """Runs that ended unreported (a crash, a shutdown): (task, attempt) keys."""
+        for task_id, attempt in keys:
+            self.ended(task_id, attempt, node_id, DROPPED)
+
     def runs(self) -> list[Run]:
         return list(self._runs)
 

@@ -14,8 +14,12 @@ fleet back sooner has forgotten tasks the coordinator still holds running on it
 
 At the end, from the job log (read whole, by sequence) and the API:
 - lost: acknowledged jobs not in the final state, or never finished; must be 0;
-- ran twice: a task whose RUNNING intervals (RUNNING -> the attempt's end, event
-  timestamps) overlap across attempts or nodes; must be 0;
+- ran twice: tasks with a duplicate run in the fleet's own ledger (agent/ledger.py:
+  every run the hollow nodes started, each fleet process writing its own file; a killed
+  process's open runs end when it was killed): run again after it succeeded, the same
+  attempt run twice, or two runs at once; must be 0. Apart, as before, from the log:
+  tasks whose RUNNING intervals (RUNNING -> the attempt's end, event timestamps)
+  overlap across attempts or nodes (`log_overlaps`);
 - failovers: leader SIGKILL -> the next LeaderElected on the log (its writer's wall
   clock; one machine, one clock): p50/p99/max.
 The evidence (chaos actions, every log event, each job's outcome) is written as JSON
@@ -34,6 +38,7 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
+from agent.ledger import count_duplicates, read_runs
 from bench._util import (
     loadavg,
     machine,
@@ -110,6 +115,7 @@ class Chaos:
         self.url = ""
         self.coords: dict[str, object] = {}
         self.fleet = None
+        self.ledgers: list[list] = []  # [ledger file, when its fleet process was killed]
         self.actions: list[dict] = []
         self.pids: list[int] = []
 
@@ -124,9 +130,12 @@ class Chaos:
         self.pids.append(self.coords[cid].pid)
 
     def start_fleet(self) -> None:
+        ledger = self.dir / "ledger" / f"fleet-{len(self.ledgers) + 1}.jsonl"
+        self.ledgers.append([ledger, None])
         cmd = mesh_command(
-            self.url, REGION, "agent", "--simulate", str(self.args.nodes), "--cpus", "8"
-        )
+            self.url, REGION, "agent", "--simulate", str(self.args.nodes), "--cpus", "8",
+            "--ledger", str(ledger),
+        )  # fmt: skip
         self.fleet = spawn(cmd, self.dir / "logs" / "fleet.log")
         self.pids.append(self.fleet.pid)
 
@@ -270,7 +279,7 @@ async def _run(args: argparse.Namespace, chaos: Chaos) -> dict:
             elif action == "fleet":
                 chaos.fleet.kill()
                 chaos.fleet.wait()
-                chaos.note("kill -9", "fleet")
+                chaos.ledgers[-1][1] = chaos.note("kill -9", "fleet")
                 await asyncio.sleep(args.fleet_down)
                 chaos.start_fleet()
                 chaos.note("restart", "fleet")
@@ -310,6 +319,7 @@ async def _run(args: argparse.Namespace, chaos: Chaos) -> dict:
 
     log = await _read_log(js)
     result = _judge(log, acked, outcome, leader_kills, chaos.actions)
+    result.update(_ledger_duplicates(chaos.ledgers))
     result.update(
         minutes=args.minutes,
         nodes=args.nodes,
@@ -369,6 +379,22 @@ async def _run(args: argparse.Namespace, chaos: Chaos) -> dict:
     )
     await close_quietly(nc)
     return result
+
+
+def _ledger_duplicates(ledgers: list[list]) -> dict:
+    """The duplicates in the fleet processes' ledgers (agent/ledger.py)."""
+    runs = []
+    for path, killed_at in ledgers:
+        if path.exists():
+            runs.extend(read_runs(path, closed_at=killed_at))
+    dups = count_duplicates(runs)
+    examples = [*dups.after_success[:2], *dups.repeated[:2], *dups.overlapping[:2]]
+    return {
+        "ledger_runs": len(runs),
+        "tasks_ran_twice": len(dups.tasks),
+        "duplicates": dups.summary(),
+        "ran_twice_examples": [str(e) for e in examples],
+    }
 
 
 async def _read_log(js) -> list[tuple[int, LogEntry]]:
@@ -458,8 +484,8 @@ def _judge(log, acked: dict, outcome: dict, leader_kills: list[float], actions: 
             st: sum(1 for j in acked.values() if outcome.get(j) == st)
             for st in sorted({str(v) for v in outcome.values()})
         },
-        "tasks_ran_twice": len(twice),
-        "ran_twice_examples": twice[:5],
+        "log_overlaps": len(twice),
+        "log_overlap_examples": twice[:5],
         "stale_term_entries": stale_entries,
         "running_redelivered_after_end": redelivered,
         "leader_failovers": len(failovers),

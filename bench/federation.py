@@ -19,7 +19,7 @@ stay readable). `eu` is small and saturated by long jobs holding every core; `us
    cross-region placements/s = spilled jobs / time from the first moment a job could
    spill (submit + the bound) to the last spilled job RUNNING.
    duplicates = burst or baseline jobs run more than once, counted from the hollow
-   agents' own records (every (task, attempt) each node was given and ran) and, apart,
+   agents' own records (their ledgers: every run each node started) and, apart,
    from the regions' job views (distinct (node, attempt) RUNNING entries). lost = jobs
    submitted but never RUNNING or SUCCEEDED anywhere within the timeout.
 3. The global view's cost: `job list` through the API of one region (eu), against the
@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import io
 import time
@@ -50,6 +51,7 @@ import uuid
 from pathlib import Path
 
 from agent.hollow import GiB, HollowFleet, Inventory
+from agent.ledger import Run, count_duplicates
 from bench._util import fmt_ms, loadavg, machine, ratio, summary_ms, with_state_dir
 from coordinator.service import Coordinator, CoordinatorConfig
 from mesh.cli import fedview
@@ -314,9 +316,10 @@ async def _runs_in_views(mesh: Mesh, names: set[str]) -> dict[str, dict]:
 
 
 def _runs_in_agents(mesh: Mesh, runs: dict[str, dict]) -> dict:
-    """Runs per job name from the hollow nodes' own records (each node's set of (task,
-    attempt) it was given to run), with the jobs' task ids mapped per region, and how
-    many recorded runs belong to none of them."""
+    """Runs per job name from the hollow nodes' own records (each fleet's ledger,
+    agent/ledger.py: every run a node started), with the jobs' task ids mapped per
+    region; how many recorded runs belong to none of them; and the ledgers' own
+    duplicate count (`count_duplicates`, task ids qualified by region)."""
     owner: dict[tuple[str, str], str] = {}
     for name, rec in runs.items():
         for region, tids in rec.get("task_ids", {}).items():
@@ -324,16 +327,21 @@ def _runs_in_agents(mesh: Mesh, runs: dict[str, dict]) -> dict:
                 owner[(region, tid)] = name
     per_name: dict[str, int] = {}
     unattributed = 0
+    ledger: list[Run] = []
     for region, fleet in mesh.fleets.items():
-        for node in fleet.nodes.values():
-            for task_id, _attempt in node.seen:
-                name = owner.get((region, task_id))
-                if name is not None:
-                    per_name[name] = per_name.get(name, 0) + 1
-                else:
-                    unattributed += 1
-    total = sum(f.counts["runs"] for f in mesh.fleets.values())
-    return {"per_name": per_name, "unattributed": unattributed, "total": total}
+        for run in fleet.ledger():
+            ledger.append(dataclasses.replace(run, task_id=f"{region}/{run.task_id}"))
+            name = owner.get((region, run.task_id))
+            if name is not None:
+                per_name[name] = per_name.get(name, 0) + 1
+            else:
+                unattributed += 1
+    return {
+        "per_name": per_name,
+        "unattributed": unattributed,
+        "total": len(ledger),
+        "ledger_duplicates": count_duplicates(ledger).summary(),
+    }
 
 
 async def global_view(mesh: Mesh, args: argparse.Namespace) -> dict:
@@ -462,6 +470,7 @@ def report(args: argparse.Namespace, placed: dict, view: dict, load0: float) -> 
         "duplicates_views": len(dup_views),
         "agent_runs_total": agent["total"],
         "agent_runs_unattributed": agent["unattributed"],
+        "ledger_duplicates": agent["ledger_duplicates"],
         "lost": len(lost),
         "lost_examples": lost[:5],
         "job_list_one_region_ms": one,

@@ -186,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="run N simulated (hollow) nodes instead of a real agent",
     )
     ag.add_argument("--seed", type=int, default=0, help="inventory mix seed for --simulate")
+    ag.add_argument(
+        "--ledger",
+        metavar="FILE",
+        help="with --simulate: append every run to FILE as JSON lines (agent/ledger.py)",
+    )
     ag.add_argument("--prefix", default="hollow", help="with --simulate: node ids PREFIX-NNNN")
     ag.add_argument(
         "--cpus",

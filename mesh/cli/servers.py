@@ -122,6 +122,7 @@ async def agent(args: argparse.Namespace, ctx: Context) -> int:
             verify_key=key_path(args.verify_key, ctx.certs, PUB_FILE),
             prefix=args.prefix,
             tls=ctx.tls(Identity.fleet(args.prefix)),
+            ledger_path=args.ledger,
         )
         await _start(fleet)
         try:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
+
+from agent.store import read_ledger
 
 from .conftest import eventually
 
@@ -41,6 +44,10 @@ async def test_agent_sigkilled_and_restarted_readopts_its_running_task(region, p
     assert states.count("RUNNING") == 1 and states.count("SUCCEEDED") == 1, states
     logs = await region.client.logs(job_id)
     assert logs["data"] == b"finished\n"
+    # the ledger: one run, opened by the first agent, closed by the one that re-adopted it
+    (run,) = read_ledger(Path(data) / "agent.db")
+    assert (run.task_id, run.attempt, run.run, run.node_id) == (task["task_id"], 1, 1, "crashy")
+    assert run.outcome == "SUCCEEDED" and run.end >= run.start
 
 
 async def test_leader_sigkilled_follower_takes_over_with_every_acknowledged_job(region, procs):

@@ -197,3 +197,32 @@ async def test_full_database_surfaces(store):
         for i in range(50):
             await store.insert_if_new(rec(f"big-{i}", assignment=b"x" * 100_000))
     assert await store.get("small", 1) is not None
+
+
+async def test_runs_ledger_is_durable_and_read_beside_the_agent(tmp_path):
+    from agent.ledger import Run
+    from agent.store import LedgerError, read_ledger
+
+    path = tmp_path / "agent.db"
+    async with await TaskStore.open(path) as s:
+        await s.run_started(Run("t1", 1, 1, "n1", 10.0))
+        await s.run_started(Run("t2", 1, 1, "n1", 11.0))
+        assert await s.run_ended("t1", 1, 1, 12.0, "FAILED")
+        assert not await s.run_ended("t1", 1, 1, 13.0, "SUCCEEDED")  # closed already
+        await s.run_started(Run("t1", 1, 2, "n1", 14.0))
+        assert (await s.last_run("t1", 1)) == Run("t1", 1, 2, "n1", 14.0, None, "")
+        assert read_ledger(path)[0] == Run("t1", 1, 1, "n1", 10.0, 12.0, "FAILED")  # while open
+        await s.run_started(Run("t2", 1, 1, "n1", 15.0))  # the same run twice: two rows
+    async with await TaskStore.open(path) as s:  # reopened: all of it still there
+        assert [(r.task_id, r.run, r.start) for r in await s.runs()] == [
+            ("t1", 1, 10.0),
+            ("t2", 1, 11.0),
+            ("t1", 2, 14.0),
+            ("t2", 1, 15.0),
+        ]
+        assert len(await s.runs("t2")) == 2
+    with pytest.raises(LedgerError, match="no agent store"):
+        read_ledger(tmp_path / "none.db")
+    (tmp_path / "junk.db").write_bytes(b"not sqlite at all" * 100)
+    with pytest.raises(LedgerError, match="cannot read its ledger"):
+        read_ledger(tmp_path / "junk.db")
