@@ -406,6 +406,7 @@ class HollowNode:
     down: bool = False  # crashed: no heartbeats, assignments wait in `backlog`
     verify_key: str = ""  # the id of the key its fleet verifies with (heartbeats say it)
     labels: tuple[tuple[str, str], ...] = ()  # extra labels its heartbeats carry (partition=...)
+    site: str = ""  # the edge site its heartbeats name ("": none)
     backlog: list[AssignmentMessage] | None = field(default=None, repr=False)
     wake: asyncio.TimerHandle | None = field(default=None, repr=False)
     grants: dict[tuple[str, int], Grant] | None = field(default=None, repr=False)
@@ -644,6 +645,7 @@ class HollowNode:
             gpus=self._gpus(),
             tasks=tasks,
             verify_key=self.verify_key,
+            site=self.site,
         )
 
     def live_tasks(self) -> list[str]:
@@ -696,7 +698,8 @@ class HollowFleet:
     them; `set_gpu_background` changes it while running. `crash` takes a node down.
     `labels` go into every node's heartbeats, as an agent's `--label`s do (e.g.
     `{"partition": "stateless"}` starts the fleet in that partition). Every run is
-    recorded in its ledger (`ledger()`; also appended to `ledger_path` when given)."""
+    recorded in its ledger (`ledger()`; also appended to `ledger_path` when given).
+    `site`: the edge site its nodes' heartbeats name (`NodeState.site`)."""
 
     def __init__(
         self,
@@ -714,6 +717,7 @@ class HollowFleet:
         batch_busy: float = BATCH_BUSY,
         labels: Mapping[str, str] | None = None,
         ledger_path: str | os.PathLike[str] | None = None,
+        site: str = "",
     ) -> None:
         self.nats_url = nats_url
         self.book = RunBook(ledger_path)  # every run, as the nodes ran it (`ledger()`)
@@ -743,6 +747,7 @@ class HollowFleet:
             subjects.token(node_id, "node id")
             node.verify_key = verify_id
             node.labels = tuple(sorted((labels or {}).items()))
+            node.site = subjects.token(site, "site") if site else ""
         for uuid, percent in (gpu_background or {}).items():
             self.set_gpu_background(uuid, percent)
         self.heartbeat_s = heartbeat_s

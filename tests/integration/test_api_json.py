@@ -135,6 +135,9 @@ async def test_every_endpoint_answers_json(region):
     heard = await call("region.list", {})
     assert [(r["region"], r["status"]) for r in heard["regions"]] == [("default", "fresh")]
 
+    # edge sites (docs/api.md): none has beaten here
+    assert await call("site.list", {}) == {"ok": True, "sites": []}
+
     # errors come back as JSON too, with the documented shape
     missing = await call("job.get", {"job_id": "nope"})
     assert missing == {"ok": False, "error": {"code": "NOT_FOUND", "message": "no job 'nope'"}}
