@@ -173,7 +173,7 @@ async def start_site(args: argparse.Namespace, i: int, state_dir: Path) -> Site:
         prefix=node_prefix(name),
         inventories=[NODE] * args.nodes,
         labels={"bench-site": name},
-        # site=name,  # TEMP
+        site=name,
     )
     watch_acks(site, fleet)
     await fleet.start()
