@@ -123,7 +123,7 @@ from mesh.connect import ClientTls, close_quietly, connect, describe, endpoint
 from mesh.logs import fields
 from mesh.schema import Assignment, GpuStatus, NodeState, Resources, TaskEvent, TaskSpec
 from mesh.signing import AssignmentRefused, VerifyKey, key_id, load_verify_key, open_message
-from mesh.streams import ensure_streams
+from mesh.streams import ensure_site_stream, ensure_streams
 from mesh.tasks import cancel_and_wait
 from workloads.lifecycle import ENDED, TaskState
 from workloads.load import LoadCurve, jitter, load_at
@@ -699,7 +699,8 @@ class HollowFleet:
     `labels` go into every node's heartbeats, as an agent's `--label`s do (e.g.
     `{"partition": "stateless"}` starts the fleet in that partition). Every run is
     recorded in its ledger (`ledger()`; also appended to `ledger_path` when given).
-    `site`: the edge site its nodes' heartbeats name (`NodeState.site`)."""
+    With `site` the fleet is an edge site's nodes, connected to the site's leaf (as
+    `mesh agent --site`)."""
 
     def __init__(
         self,
@@ -721,6 +722,9 @@ class HollowFleet:
     ) -> None:
         self.nats_url = nats_url
         self.book = RunBook(ledger_path)  # every run, as the nodes ran it (`ledger()`)
+        # An edge site's nodes (edge/README.md): connected to the site's leaf, events go
+        # to the site's stream, assignments come through the hub's JetStream domain.
+        self.site = subjects.token(site, "site") if site else ""
         self.tls = tls  # its certificate (fleet:PREFIX) on a secure mesh
         # Like a real agent: with the coordinator's public key, act on nothing unverified.
         if isinstance(verify_key, (str, os.PathLike)):
@@ -747,7 +751,7 @@ class HollowFleet:
             subjects.token(node_id, "node id")
             node.verify_key = verify_id
             node.labels = tuple(sorted((labels or {}).items()))
-            node.site = subjects.token(site, "site") if site else ""
+            node.site = self.site
         for uuid, percent in (gpu_background or {}).items():
             self.set_gpu_background(uuid, percent)
         self.heartbeat_s = heartbeat_s
@@ -789,12 +793,18 @@ class HollowFleet:
             self.nats_url, name=f"hollow:{self.prefix}:{len(self.nodes)}", tls=self.tls
         )
         try:
-            self.js = self.nc.jetstream(timeout=10.0)
-            await ensure_streams(self.js, self.region, agent=True)
-            self.events = EventPublisher(self.js, self.region, on_acked=self._reported)
+            self.js = self.nc.jetstream(timeout=10.0)  # events: the leaf's, at a site
+            hub_js = self.js
+            if self.site:
+                hub_js = self.nc.jetstream(domain=subjects.HUB_DOMAIN, timeout=10.0)
+                await ensure_site_stream(self.js, self.region, self.site)
+            await ensure_streams(hub_js, self.region, agent=True)
+            self.events = EventPublisher(
+                self.js, self.region, on_acked=self._reported, site=self.site
+            )
             self.events.start()
             self.feed = FleetFeed(
-                self.js, self.region, self.prefix, list(self.nodes), self._on_assignment
+                hub_js, self.region, self.prefix, list(self.nodes), self._on_assignment
             )
             await self.feed.start()
         except BaseException:

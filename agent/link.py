@@ -122,14 +122,19 @@ class AssignmentFeed(_Feed):
         await _quietly(msg.ack())
 
 
-async def publish_event(js: JetStreamContext, region: str, ev: TaskEvent) -> None:
-    """Raises on failure: the caller keeps the transition as unreported and retries."""
-    await js.publish(
-        subjects.events(region, ev.node_id),
-        encode(ev),
-        stream=subjects.events_stream(region),
-        headers={"Nats-Msg-Id": event_id(ev)},
-    )
+def event_route(region: str, node_id: str, site: str = "") -> tuple[str, str]:
+    """(subject, stream) of a node's task events: the region's events stream, or for a
+    node of an edge site its site's own stream on the leaf (forwarded by the site link)."""
+    if site:
+        return subjects.site_events(region, site, node_id), subjects.site_events_stream(site)
+    return subjects.events(region, node_id), subjects.events_stream(region)
+
+
+async def publish_event(js: JetStreamContext, region: str, ev: TaskEvent, site: str = "") -> None:
+    """Raises on failure: the caller keeps the transition as unreported and retries.
+    With `site`, `js` is the leaf's own JetStream (the site's domain)."""
+    subject, stream = event_route(region, ev.node_id, site)
+    await js.publish(subject, encode(ev), stream=stream, headers={"Nats-Msg-Id": event_id(ev)})
 
 
 def event_id(ev: TaskEvent) -> str:
@@ -382,11 +387,13 @@ class EventPublisher:
         ack_timeout: float = 5.0,
         retry_s: float = 0.5,
         on_acked: Callable[[TaskEvent], None] | None = None,
+        site: str = "",
     ) -> None:
         self.on_acked = on_acked
         self.js = js
         self.region = subjects.token(region, "region")
-        self.stream = subjects.events_stream(self.region)
+        self.site = subjects.token(site, "site") if site else ""
+        self.stream = event_route(self.region, "x", self.site)[1]
         self.ack_timeout = ack_timeout
         self.retry_s = retry_s
         self.sent = 0
@@ -469,7 +476,7 @@ class EventPublisher:
             return
         try:
             fut = await self.js.publish_async(
-                subjects.events(self.region, evs[0].node_id),
+                event_route(self.region, evs[0].node_id, self.site)[0],
                 data,
                 stream=self.stream,
                 headers={"Nats-Msg-Id": _message_id(evs)},

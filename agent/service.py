@@ -56,7 +56,7 @@ from mesh.schema import (
     ok,
 )
 from mesh.signing import AssignmentRefused, key_id, load_verify_key, open_message
-from mesh.streams import ensure_streams
+from mesh.streams import ensure_site_stream, ensure_streams
 from workloads.lifecycle import TaskState
 
 log = logging.getLogger("mesh.agent")
@@ -99,7 +99,10 @@ class AgentConfig:
     # The identity handed to tasks that ask for it (inference workers: worker:NAME), never
     # the agent's own. None on a secure mesh: such tasks are refused.
     task_tls: ClientTls | None = None
-    site: str = ""  # the edge site it belongs to ("": none): it hears the site's uplink
+    # The edge site this node belongs to (edge/README.md; "": none). A site agent is
+    # connected to its site's leaf: events go to the site's stream there, assignments
+    # are read from the region's stream through the hub's JetStream domain.
+    site: str = ""
 
 
 class Agent:
@@ -110,6 +113,7 @@ class Agent:
         self.config = config
         self.region = subjects.token(config.region, "region")
         self.node_id = subjects.token(config.node_id, "node id")
+        self.site = subjects.token(config.site, "site") if config.site else ""
         self.data_dir = Path(config.data_dir or Path.home() / ".mesh" / "agent" / self.node_id)
         self.handles: dict[tuple[str, int], ProcessHandle] = {}
         self.owed: set[tuple[str, int]] = set()  # ended; outcome not acknowledged yet
@@ -168,8 +172,19 @@ class Agent:
             tls=self.config.tls,
             checked_start=True,
         )
-        self.js = self.nc.jetstream(timeout=5.0)
-        await ensure_streams(self.js, self.region, agent=True)
+        self.js = self.nc.jetstream(timeout=5.0)  # the events' stream: the leaf's, at a site
+        self.hub_js = self.js  # the region's streams
+        if self.site:
+            self.hub_js = self.nc.jetstream(domain=subjects.HUB_DOMAIN, timeout=5.0)
+            await ensure_site_stream(self.js, self.region, self.site)
+        try:
+            await ensure_streams(self.hub_js, self.region, agent=True)
+        except Exception as exc:
+            if not self.site:
+                raise
+            # A site agent starts while its site is cut off: it runs what it has, stores
+            # its events at the site, and its assignment feed binds once the hub is back.
+            log.warning("region %s not reachable from site %s: %s", self.region, self.site, exc)
         await self.runs.uplink.start(self.nc, self.region, self.config.site)
         await self._readopt()
         await self._stop_orphans()
@@ -188,7 +203,7 @@ class Agent:
             subjects.task_logs(self.region, self.node_id), cb=self._serve_logs
         )
         self._say_verifying()
-        self.feed = AssignmentFeed(self.js, self.region, self.node_id, self._on_assignment)
+        self.feed = AssignmentFeed(self.hub_js, self.region, self.node_id, self._on_assignment)
         await self.feed.start()
         self._tasks = [
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
@@ -332,6 +347,7 @@ class Agent:
             note=self._node_note(),
             refusing=self.refusing(),
             verify_key=self.verify_key_id,
+            site=self.site,
         )
 
     def _assess_gpus(self, gpus: tuple[GpuInfo, ...]) -> dict[str, str]:
@@ -446,7 +462,7 @@ class Agent:
             except (sqlite3.Error, OSError) as err:
                 self._stored(err)  # not on disk, but its attempt must still be failed
         with contextlib.suppress(Exception):  # not stored: sent once (the note says it too)
-            await publish_event(self.js, self.region, ev)
+            await publish_event(self.js, self.region, ev, self.site)
 
     async def _launch(self, rec: TaskRecord, a: Assignment) -> None:
         spec = a.spec
@@ -519,7 +535,7 @@ class Agent:
             ev = replace(
                 self._event(rec, "RUNNING", message=message), health=verdict, health_seq=seq
             )
-            await publish_event(self.js, self.region, ev)
+            await publish_event(self.js, self.region, ev, self.site)
 
         loop = health.check_loop(
             check, report, probe.interval_s, probe.healthy_after, probe.unhealthy_after
@@ -673,7 +689,7 @@ class Agent:
 
     async def _report(self, rec: TaskRecord, ev: TaskEvent) -> None:
         try:
-            await publish_event(self.js, self.region, ev)
+            await publish_event(self.js, self.region, ev, self.site)
         except Exception as exc:
             log.info("event %s/%s not sent yet: %s", rec.task_id, ev.state, exc)
             return  # the reporter loop resends from the store

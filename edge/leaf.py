@@ -16,13 +16,22 @@ import shutil
 from pathlib import Path
 
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BadRequestError, BucketNotFoundError
 from nats.js.kv import KeyValue
 
 from mesh import subjects
 from mesh.server import ServerConfig, TlsFiles
-from mesh.streams import DUPLICATE_WINDOW_S
+from mesh.streams import ensure_site_stream, site_stream_config
+
+__all__ = [
+    "ensure_link_bucket",
+    "ensure_site_stream",
+    "site_server_config",
+    "site_stream_config",
+    "store_bound",
+    "stream_bound",
+]
 
 MiB = 1024 * 1024
 STORE_CAP = 1024 * MiB  # the most a site's JetStream store takes
@@ -81,30 +90,6 @@ def site_server_config(
     )
 
 
-def site_stream_config(region: str, site: str, max_bytes: int) -> StreamConfig:
-    return StreamConfig(
-        name=subjects.site_events_stream(site),
-        subjects=[subjects.site_events_all(region, site)],
-        retention=RetentionPolicy.LIMITS,  # the site link purges what it forwarded
-        discard=DiscardPolicy.NEW,
-        max_bytes=max_bytes,
-        storage=StorageType.FILE,
-        num_replicas=1,
-        duplicate_window=DUPLICATE_WINDOW_S,
-    )
-
-
-async def ensure_site_stream(
-    js: JetStreamContext, region: str, site: str, *, max_bytes: int = 256 * MiB
-) -> None:
-    """Create the site's events stream on the leaf (`js`: the site's domain), or keep
-    the one there: idempotent, so every agent of the site and its link may call it."""
-    try:
-        await js.add_stream(site_stream_config(region, site, max_bytes))
-    except BadRequestError:
-        await js.stream_info(subjects.site_events_stream(site))  # there, with another config
-
-
 async def ensure_link_bucket(js: JetStreamContext, site: str) -> KeyValue:
     """The site link's KV bucket on the leaf (its forwarding cursor)."""
     name = subjects.site_link_bucket(site)
@@ -114,7 +99,7 @@ async def ensure_link_bucket(js: JetStreamContext, site: str) -> KeyValue:
         pass
     try:
         return await js.create_key_value(
-            KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE)
+            KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, max_bytes=MiB)
         )
     except BadRequestError:
         return await js.key_value(name)

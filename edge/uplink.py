@@ -49,9 +49,10 @@ CURSOR_KEY = "cursor"
 
 @dataclass
 class LinkCounters:
-    """What the link did: events forwarded (acknowledged by the hub), events stored at
-    the site and not yet forwarded, windows sent again after a failure, messages skipped
-    (a subject that names no node: never from our agents)."""
+    """What the link did, in site-stream messages (each one task event, or one node's
+    batch of them, as its agent published it): forwarded (acknowledged by the hub),
+    backlog (stored at the site, not yet forwarded), retries (windows sent again after a
+    failure), skipped (a subject that names no node: never from our agents)."""
 
     forwarded: int = 0
     backlog: int = 0
@@ -80,6 +81,7 @@ class SiteLink:
         beat_s: float = 1.0,
         reachable_s: float = 3.0,
         node_window_s: float = 10.0,
+        stream_bytes: int | None = None,
     ) -> None:
         self.nats_url = nats_url
         self.region = subjects.token(region, "region")
@@ -92,6 +94,7 @@ class SiteLink:
         self.beat_s = beat_s
         self.reachable_s = reachable_s
         self.node_window_s = node_window_s
+        self.stream_bytes = stream_bytes  # the site stream's bound if this creates it
         self.counters = LinkCounters()
         self.cursor = 0
         self.nc = nc
@@ -115,7 +118,8 @@ class SiteLink:
         try:
             self.js = self.nc.jetstream(timeout=5.0)  # the leaf's own domain
             self.hub_js = self.nc.jetstream(domain=subjects.HUB_DOMAIN, timeout=self.ack_timeout)
-            await ensure_site_stream(self.js, self.region, self.site)
+            bound = {"max_bytes": self.stream_bytes} if self.stream_bytes else {}
+            await ensure_site_stream(self.js, self.region, self.site, **bound)
             self.kv = await ensure_link_bucket(self.js, self.site)
             self.cursor = await self._read_cursor()
             self._state_sub = await self.nc.subscribe(

@@ -156,6 +156,9 @@ class ServerConfig:
     leaf_listen: bool = False
     leaf_port: int = 0
     leaf_host: str | None = None  # None: `host`
+    # The leaf URL this hub tells its leaves (None: where it listens). A leaf adds it to
+    # the URLs it dials, so a test with a proxy in the link advertises one no leaf can.
+    leaf_advertise: str | None = None
     # A site's leaf server dials out to these hub URLs (no inbound port at the site);
     # `leaf_tls` is its client certificate for that link (the CA's `ca` verifies the hub).
     leaf_remotes: list[str] = field(default_factory=list)
@@ -232,6 +235,8 @@ class ServerConfig:
         body = ""
         if self.leaf_listen:
             body += f'  listen: "{self.leaf_host or self.host}:{self.leaf_port}"\n'
+            if self.leaf_advertise:
+                body += f"  advertise: {_q(self.leaf_advertise)}\n"
             if self.tls is not None:
                 t = self.tls
                 body += (

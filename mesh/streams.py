@@ -12,13 +12,16 @@ starts first (coordinator or agent).
 
 from __future__ import annotations
 
+import contextlib
+
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError, ServerError
 
 from mesh import subjects
 
 DUPLICATE_WINDOW_S = 120.0
+INSUFFICIENT_STORAGE = 10047  # JetStream's err_code: the store cannot hold a stream's bound
 
 
 def stream_configs(region: str, replicas: int = 1) -> list[StreamConfig]:
@@ -52,6 +55,58 @@ def stream_configs(region: str, replicas: int = 1) -> list[StreamConfig]:
             **common,
         ),
     ]
+
+
+SITE_STREAM_BYTES = 256 * 1024 * 1024
+
+
+def site_stream_config(region: str, site: str, max_bytes: int = SITE_STREAM_BYTES) -> StreamConfig:
+    """An edge site's events stream, on its leaf (edge/README.md): limits retention (the
+    site link purges what it forwarded), bounded, and discarding NEW when full, so a full
+    site refuses an event (its agent keeps it and retries) rather than drop an old one
+    not yet forwarded."""
+    return StreamConfig(
+        name=subjects.site_events_stream(site),
+        subjects=[subjects.site_events_all(region, site)],
+        retention=RetentionPolicy.LIMITS,
+        discard=DiscardPolicy.NEW,
+        max_bytes=max_bytes,
+        storage=StorageType.FILE,
+        num_replicas=1,
+        duplicate_window=DUPLICATE_WINDOW_S,
+    )
+
+
+async def ensure_site_stream(
+    js: JetStreamContext, region: str, site: str, *, max_bytes: int = SITE_STREAM_BYTES
+) -> None:
+    """Create the site's events stream on the leaf (`js`: the site's own domain), or keep
+    the one there: idempotent, so every agent of the site and its link may call it.
+    Whoever creates it first sets its bound (`mesh edge up`: from the leaf's store). An
+    agent does not know the store's size, the server does: a bound it cannot hold is
+    refused ("insufficient storage") and halved until one fits, and that one is halved
+    once more, leaving room for the rest of the site's JetStream (the link's cursor)."""
+    name = subjects.site_events_stream(site)
+    with contextlib.suppress(NotFoundError):
+        await js.stream_info(name)
+        return
+    refused = False
+    while True:
+        cfg = site_stream_config(region, site, max_bytes)
+        try:
+            await js.add_stream(cfg)
+            break
+        except BadRequestError:
+            await js.stream_info(name)  # made meanwhile, with another config: kept
+            return
+        except ServerError as exc:
+            if exc.err_code != INSUFFICIENT_STORAGE or max_bytes <= 1024 * 1024:
+                raise
+            refused = True
+            max_bytes //= 2
+    if refused:
+        cfg.max_bytes = max_bytes // 2
+        await js.update_stream(cfg)
 
 
 async def raise_replicas(js: JetStreamContext, stream: str, replicas: int) -> None:

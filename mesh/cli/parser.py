@@ -152,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--node-id", help="default: the host name")
     ag.add_argument("--data-dir", help="default: $MESH_HOME/agent/<node-id>")
     ag.add_argument("--zone", default="")
+    ag.add_argument(
+        "--site",
+        default="",
+        help="this node belongs to edge site SITE: --nats is the site's leaf (mesh edge up), "
+        "events are kept there while the region is cut off",
+    )
     ag.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     ag.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
     ag.add_argument("--run-as", help="run task commands as this user")

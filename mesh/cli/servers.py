@@ -10,6 +10,7 @@ import sys
 import uuid
 from pathlib import Path
 
+from mesh import subjects
 from mesh.cli import infer
 from mesh.cli.context import Context, mesh_home, save_context
 from mesh.cli.exitcodes import EXIT_OK, EXIT_USAGE
@@ -108,6 +109,9 @@ async def _until_signal() -> None:
 
 
 async def agent(args: argparse.Namespace, ctx: Context) -> int:
+    if args.site and not subjects.is_token(args.site):
+        print(f"--site {args.site!r}: expected letters, digits, '_' or '-'", file=sys.stderr)
+        return EXIT_USAGE
     if args.simulate:
         from agent.hollow import GiB, HollowFleet, Inventory
 
@@ -123,6 +127,7 @@ async def agent(args: argparse.Namespace, ctx: Context) -> int:
             prefix=args.prefix,
             tls=ctx.tls(Identity.fleet(args.prefix)),
             ledger_path=args.ledger,
+            site=args.site,
         )
         await _start(fleet)
         try:
@@ -159,6 +164,7 @@ async def agent(args: argparse.Namespace, ctx: Context) -> int:
             limits=args.limits,
             tls=ctx.tls(Identity.agent(node_id)),
             task_tls=task_tls if ctx.certs else None,
+            site=args.site,
         )
     )
     try:

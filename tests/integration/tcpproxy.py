@@ -7,7 +7,18 @@ target, `cut()` closes every connection it carries and refuses new ones (accepte
 closed at once, as a dead link looks to a dialer that retries), `restore()` forwards
 again. It counts connections and bytes, so a test can show traffic really went through
 it and not around it. `admit` checks the first line a client sends (e.g. the CONNECT of
-a NATS gateway, which names the dialing gateway) and drops a connection it refuses."""
+a NATS gateway, which names the dialing gateway) and drops a connection it refuses.
+
+Three kinds of cut (tests/integration/test_edge_link.py):
+- *reset* (`cut()`): every connection closed at once (RST), new ones refused: a peer
+  that died, a firewall that rejects.
+- *black-hole* (`black_hole()`): connections stay open and every byte either way is
+  dropped (counted); new connections are accepted and then hear nothing: a link gone
+  dead under both ends, which only their pings can notice. On `restore()` the
+  black-holed connections are reset, since the bytes they lost leave their streams
+  corrupt (a real TCP would have retransmitted; the ends' pings have given up by then).
+- *flap* (`flap(period_s)`): reset and restore by turns, `period_s` each, until
+  `restore()`."""
 
 from __future__ import annotations
 
@@ -27,6 +38,9 @@ class ProxyStats:
     strangers: int = 0  # connections whose first line `admit` refused
     bytes_up: int = 0  # client -> target
     bytes_down: int = 0  # target -> client
+    dropped_up: int = 0  # client -> target, dropped while black-holed
+    dropped_down: int = 0  # target -> client, dropped while black-holed
+    cuts: int = 0  # resets, flaps' included
 
 
 @dataclass
@@ -43,6 +57,8 @@ class TcpProxy:
     stats: ProxyStats = field(default_factory=ProxyStats)
     _server: asyncio.Server | None = None
     _cut: bool = False
+    _holed: bool = False
+    _flapper: asyncio.Task | None = None
     _pipes: set[asyncio.Task] = field(default_factory=set)
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
 
@@ -52,7 +68,14 @@ class TcpProxy:
 
     @property
     def is_cut(self) -> bool:
-        return self._cut
+        return self._cut or self._holed
+
+    @property
+    def mode(self) -> str:
+        """ "pass", "reset", "black-hole" or "flap"."""
+        if self._flapper is not None:
+            return "flap"
+        return "black-hole" if self._holed else "reset" if self._cut else "pass"
 
     @property
     def open_connections(self) -> int:
@@ -65,17 +88,51 @@ class TcpProxy:
         return self
 
     def cut(self) -> None:
-        """The link goes: every connection is closed and new ones are refused."""
+        """The link goes (reset): every connection is closed and new ones are refused."""
         self._cut = True
+        self.stats.cuts += 1
+        self._abort_all()
+
+    def black_hole(self) -> None:
+        """The link goes dead: connections stay open, nothing crosses either way."""
+        self._holed = True
+
+    def flap(self, period_s: float) -> None:
+        """Reset, restore, reset... every `period_s`, until `restore()`."""
+        self._stop_flapping()
+        self._flapper = asyncio.create_task(self._flap(period_s), name="tcpproxy-flap")
+
+    def restore(self) -> None:
+        """The link is back: new connections are forwarded again (black-holed ones are
+        reset: their streams lost bytes)."""
+        self._stop_flapping()
+        if self._holed:
+            self._holed = False
+            self._abort_all()
+        self._cut = False
+
+    def _abort_all(self) -> None:
         for w in list(self._writers):
             _abort(w)
         self._writers.clear()
 
-    def restore(self) -> None:
-        """The link is back: new connections are forwarded again."""
-        self._cut = False
+    def _stop_flapping(self) -> None:
+        if self._flapper is not None:
+            self._flapper.cancel()
+            self._flapper = None
+
+    async def _flap(self, period_s: float) -> None:
+        while True:
+            self._cut = True
+            self.stats.cuts += 1
+            self._abort_all()
+            await asyncio.sleep(period_s)
+            self._cut = False
+            await asyncio.sleep(period_s)
 
     async def close(self) -> None:
+        self._stop_flapping()
+        self._holed = False
         self.cut()
         if self._server is not None:
             self._server.close()
@@ -88,6 +145,12 @@ class TcpProxy:
         if self._cut or not self.target_port:
             self.stats.refused += 1
             _abort(writer)
+            return
+        if self._holed:  # accepted, then silence: read and drop until restored
+            self._writers.add(writer)
+            task = asyncio.create_task(self._swallow(reader, writer))
+            self._pipes.add(task)
+            task.add_done_callback(self._pipes.discard)
             return
         try:
             up_reader, up_writer = await asyncio.open_connection(self.target_host, self.target_port)
@@ -118,6 +181,12 @@ class TcpProxy:
                 self.stats.bytes_up += len(first)
                 dst.write(first)
             while data := await src.read(65536):
+                if self._holed:
+                    if up:
+                        self.stats.dropped_up += len(data)
+                    else:
+                        self.stats.dropped_down += len(data)
+                    continue
                 if up:
                     self.stats.bytes_up += len(data)
                 else:
@@ -130,6 +199,17 @@ class TcpProxy:
             for w in pair:
                 self._writers.discard(w)
                 _abort(w)
+
+    async def _swallow(self, reader, writer) -> None:
+        """A connection made while black-holed: what it sends is dropped."""
+        try:
+            while data := await reader.read(65536):
+                self.stats.dropped_up += len(data)
+        except OSError:
+            pass
+        finally:
+            self._writers.discard(writer)
+            _abort(writer)
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:
