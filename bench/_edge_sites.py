@@ -58,69 +58,18 @@ def leaf_config(site: str, remote: str, store_dir: Path) -> ServerConfig:
 # ---------------------------------------------------------------- link cuts
 
 
-async def cut(proxy: TcpProxy, mode: str, flap_s: float) -> asyncio.Task | None:
-    """Cut a site's link: `reset` (connections closed, new ones refused), `blackhole`
-    (sockets kept, nothing forwarded), `flap` (cut and restored every `flap_s`; the
-    returned task flaps until cancelled). The proxy's own modes where it has them."""
+def cut(proxy: TcpProxy, mode: str, flap_s: float) -> None:
+    """Cut a site's link with the proxy's modes: `reset` (connections closed, new ones
+    refused), `blackhole` (sockets kept, nothing forwarded), `flap` (reset and restored
+    every `flap_s`); `proxy.restore()` ends each."""
     if mode == "reset":
         proxy.cut()
-        return None
-    if mode == "blackhole":
-        for name in ("black_hole", "blackhole"):
-            if hasattr(proxy, name):
-                getattr(proxy, name)()
-                return None
-        proxy.holed = True  # GlueProxy
-        return None
-    if mode == "flap":
-
-        async def flap() -> None:
-            while True:
-                proxy.cut()
-                await asyncio.sleep(flap_s)
-                proxy.restore()
-                await asyncio.sleep(flap_s)
-
-        return asyncio.create_task(flap())
-    raise ValueError(f"unknown cut mode {mode!r}")
-
-
-def has_blackhole() -> bool:
-    return any(hasattr(TcpProxy, n) for n in ("black_hole", "blackhole"))
-
-
-class GlueProxy(TcpProxy):
-    """Glue until tests/integration/tcpproxy.py has its black-hole mode (h-edgelink):
-    while `holed`, connections stay open and every byte either way is dropped."""
-
-    holed: bool = False
-
-    def restore(self) -> None:
-        self.holed = False
-        super().restore()
-
-    async def _pipe(self, src, dst, up: bool, pair) -> None:
-        try:
-            while data := await src.read(65536):
-                if self.holed:
-                    continue
-                if up:
-                    self.stats.bytes_up += len(data)
-                else:
-                    self.stats.bytes_down += len(data)
-                dst.write(data)
-                await dst.drain()
-        except (OSError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            for w in pair:
-                self._writers.discard(w)
-                with contextlib.suppress(Exception):
-                    w.transport.abort()
-
-
-def new_proxy(port: int) -> TcpProxy:
-    return TcpProxy(target_port=port) if has_blackhole() else GlueProxy(target_port=port)
+    elif mode == "blackhole":
+        proxy.black_hole()
+    elif mode == "flap":
+        proxy.flap(flap_s)
+    else:
+        raise ValueError(f"unknown cut mode {mode!r}")
 
 
 # ---------------------------------------------------------------- one site
@@ -135,7 +84,6 @@ class Site:
     link: object = None
     acked: dict[tuple[str, int, str], float] = field(default_factory=dict)
     uplink: list[tuple[float, bool]] = field(default_factory=list)  # changes heard
-    flapping: asyncio.Task | None = None
     cuts: int = 0
 
     def heard_uplink(self, msg) -> None:
@@ -161,7 +109,7 @@ def watch_acks(site: Site, fleet: HollowFleet) -> None:
 
 async def start_site(args: argparse.Namespace, i: int, state_dir: Path) -> Site:
     name = site_name(i)
-    proxy = await new_proxy(args.hub_leaf_port).start()
+    proxy = await TcpProxy(target_port=args.hub_leaf_port).start()
     leaf = EmbeddedServer(leaf_config(name, proxy.url, state_dir / "leaf" / name))
     await leaf.astart()
     site = Site(name, proxy, leaf)
@@ -190,8 +138,6 @@ def _cb(site: Site):
 
 
 async def stop_site(site: Site) -> None:
-    if site.flapping is not None:
-        site.flapping.cancel()
     for part in (site.fleet, site.link):
         if part is not None:
             with contextlib.suppress(Exception):
@@ -244,7 +190,6 @@ async def serve(args: argparse.Namespace) -> None:
         {
             "ready": True,
             "sites": {s.name: sorted(s.fleet.nodes) for s in sites},
-            "blackhole": has_blackhole(),
         }
     )
     reader = asyncio.StreamReader()
@@ -270,13 +215,10 @@ async def handle(req: dict, by_name: dict[str, Site], sites: list[Site], args) -
     if op == "cut":
         site = by_name[req["site"]]
         site.cuts += 1
-        site.flapping = await cut(site.proxy, req["mode"], req.get("flap_s", 1.0))
+        cut(site.proxy, req["mode"], req.get("flap_s", 1.0))
         return {"t": time.time()}
     if op == "restore":
         site = by_name[req["site"]]
-        if site.flapping is not None:
-            site.flapping.cancel()
-            site.flapping = None
         site.proxy.restore()
         t = time.time()
         return {"t": t, "acked": [list(k) for k in site.acked]}

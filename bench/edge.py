@@ -50,10 +50,11 @@ from bench._util import loadavg, machine, percentile, summary_ms, with_state_dir
 from coordinator.service import Coordinator, CoordinatorConfig
 from mesh import subjects
 from mesh.client import FINISHED, MeshClient
-from mesh.codec import WireError, decode
+from mesh.codec import WireError
 from mesh.connect import close_quietly, connect
-from mesh.schema import TaskEvent
+from mesh.schema import decode_task_events
 from mesh.server import EmbeddedServer, ServerConfig
+from tests.integration.tcpproxy import UNDIALABLE
 
 REGION = "edge"
 MODES = ("reset", "blackhole", "flap")
@@ -64,8 +65,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench edge", description=__doc__.split("\n")[0])
     p.add_argument("--sites", type=int, default=50)
     p.add_argument("--nodes", type=int, default=4, help="hollow nodes per site")
-    p.add_argument("--rate", type=float, default=10.0, help="jobs submitted per second")
-    p.add_argument("--job-s", type=float, default=2.0, help="a short job's simulated length")
+    p.add_argument("--rate", type=float, default=20.0, help="jobs submitted per second")
+    p.add_argument("--job-s", type=float, default=8.0, help="a short job's simulated length")
     p.add_argument("--outage", type=float, default=10.0, help="a short cut's length, s")
     p.add_argument("--cut-every", type=float, default=4.0, help="s between short cuts")
     p.add_argument("--long-outage", type=float, default=180.0, help="s00's long cut, s")
@@ -77,7 +78,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--state-dir", help="keep the servers' state here (default: a temp dir)")
     args = p.parse_args(argv)
     if args.quick:
-        args.sites, args.rate, args.job_s, args.outage, args.cut_every = 3, 4.0, 1.0, 5.0, 2.0
+        args.sites, args.rate, args.job_s, args.outage, args.cut_every = 3, 6.0, 3.0, 5.0, 2.0
         args.long_outage, args.backlog, args.idle, args.drain = 12.0, 200, 3.0, 20.0
         args.flap_s = 0.5
     if args.sites < 2 or args.nodes < 1:
@@ -186,11 +187,13 @@ class HubView:
 
     async def _on_msg(self, msg) -> None:
         try:
-            ev = decode(TaskEvent, msg.data)
+            _node, evs = decode_task_events(msg.data)
         except WireError:
             self.bad += 1
             return
-        self.seen.setdefault((ev.task_id, ev.attempt, str(ev.state)), time.time())
+        now = time.time()
+        for ev in evs:
+            self.seen.setdefault((ev.task_id, ev.attempt, str(ev.state)), now)
 
 
 async def _eventually(pred, timeout: float, what: str, interval: float = 0.2):
@@ -232,6 +235,7 @@ async def _main(args: argparse.Namespace, state_dir: Path) -> dict:
             store_dir=str(state_dir / "hub"),
             domain=subjects.HUB_DOMAIN,
             leaf_listen=True,
+            leaf_advertise=UNDIALABLE,  # else a leaf learns the hub's URL and dials around
             ping_interval="1s",
             ping_max=3,
         )
@@ -321,6 +325,7 @@ async def schedule(args, client: MeshClient, sites: Sites, view: HubView, nodes)
             await asyncio.sleep(0.25)
         restored = await sites.ask("restore", site=site)
         keys = [tuple(k) for k in restored["acked"]]
+        behind = sum(1 for k in keys if k not in view.seen)
         resync = await resync_time(view, keys, restored["t"], 60.0)
         outages.append(
             {
@@ -329,6 +334,7 @@ async def schedule(args, client: MeshClient, sites: Sites, view: HubView, nodes)
                 "length_s": length,
                 "resync_s": resync,
                 "events": len(keys),
+                "behind": behind,
                 "t_cut": t_cut,
                 "hub_noticed_s": disconnected,
             }
@@ -437,7 +443,8 @@ def report(args, run, final, histories, view, cpu, fp, tracks, down_after, load0
     )
     outages = run["outages"]
     short = [o for o in outages if o["site"] != LONG_SITE]
-    resyncs = [o["resync_s"] for o in outages if o["resync_s"] is not None]
+    # An outage with nothing behind at link-up is in sync at once: not a resync sample.
+    resyncs = [o["resync_s"] for o in outages if o["behind"] and o["resync_s"] is not None]
     unresynced = sum(1 for o in outages if o["resync_s"] is None)
     long_o = next((o for o in outages if o["site"] == LONG_SITE), None)
     bh = [o for o in short if o["mode"] == "blackhole"]
@@ -502,8 +509,9 @@ def report(args, run, final, histories, view, cpu, fp, tracks, down_after, load0
         "resync_p50_s": round(percentile(resyncs, 50), 3) if resyncs else None,
         "resync_p99_s": round(percentile(resyncs, 99), 3) if resyncs else None,
         "not_resynced": unresynced,
+        "events_behind_at_restore": [o["behind"] for o in outages],
         "long_outage": (
-            {"events": long_o["events"], "resync_s": long_o["resync_s"]} if long_o else None
+            {k: long_o[k] for k in ("events", "behind", "resync_s")} if long_o else None
         ),
         "blackhole_noticed_uplink_s": uplink_s,
         "blackhole_noticed_hub_s": hub_s,
