@@ -38,6 +38,7 @@ STORE_CAP = 1024 * MiB  # the most a site's JetStream store takes
 STORE_FLOOR = 16 * MiB  # below this the disk is too small for a site
 PING_INTERVAL = "1s"
 PING_MAX = 3
+RECONNECT = "250ms"  # a link back is used within a quarter second (nats-server: 1 s)
 
 
 def store_bound(disk_free: int, cap: int = STORE_CAP) -> int:
@@ -82,6 +83,8 @@ def site_server_config(
         server_name=f"leaf-{site}",
         domain=subjects.site_domain(site),
         leaf_remotes=list(hub_urls),
+        leaf_only_listed=True,
+        leaf_reconnect=RECONNECT,
         leaf_tls=leaf_tls,
         tls=tls,
         ping_interval=ping_interval,

@@ -163,6 +163,11 @@ class ServerConfig:
     # `leaf_tls` is its client certificate for that link (the CA's `ca` verifies the hub).
     leaf_remotes: list[str] = field(default_factory=list)
     leaf_tls: TlsFiles | None = None
+    # Dial only `leaf_remotes`, never the URLs the hub tells (a site lists its hub's
+    # servers; a proxy in the link in a test stays in it).
+    leaf_only_listed: bool = False
+    # How soon a leaf dials again after its link dropped (nats-server's default: 1 s).
+    leaf_reconnect: str | None = None
     # Liveness pings of every connection, leaf links included (nats-server's defaults,
     # 2 min x 2, leave a black-holed link unnoticed for minutes). e.g. "1s" and 3.
     ping_interval: str | None = None
@@ -245,9 +250,13 @@ class ServerConfig:
                     f"    ca_file: {_q(t.ca)}\n    timeout: {t.timeout}\n    verify: true\n"
                     "  }\n"
                 )
+        if self.leaf_reconnect:
+            body += f"  reconnect: {_q(self.leaf_reconnect)}\n"
         if self.leaf_remotes:
             urls = ", ".join(_q(u) for u in self.leaf_remotes)
             remote = f"    {{\n      urls: [{urls}]\n"
+            if self.leaf_only_listed:
+                remote += "      ignore_discovered_servers: true\n"
             if self.leaf_tls is not None:
                 t = self.leaf_tls
                 remote += (

@@ -17,6 +17,7 @@ from mesh.cli import (
     commands,
     completion,
     contexts,
+    edge,
     fedview,
     infer,
     load,
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo(args.sim_nodes)
         if args.cmd == "agent" and getattr(args, "agent_cmd", None) == "ledger":
             return agent_ledger.run(args)
+        if args.cmd == "edge":
+            return edge.run(args, ctx)
         if args.cmd == "agent" and getattr(args, "agent_cmd", None):
             return agent_install.run(args, ctx)
         try:

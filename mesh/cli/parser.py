@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-from mesh.cli import certs, completion, contexts, fedview, infer, load, partition, sites
+from mesh.cli import certs, completion, contexts, edge, fedview, infer, load, partition, sites
 from mesh.cli import install as agent_install
 from mesh.cli import ledger as agent_ledger
 
@@ -317,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     partition.add_parser(sub)
     sites.add_parser(sub)  # `mesh site list`
     fedview.add_parser(sub)  # `mesh region list`
+    edge.add_parser(sub)  # `mesh edge up`
     load.add_parser(sub)
     certs.add_parser(sub)
     agent_ledger.add_parser(agent_install.add_parsers(ag))  # `mesh agent install|...|ledger`

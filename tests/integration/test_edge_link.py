@@ -15,6 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -25,10 +30,10 @@ from edge.uplink import SiteLink
 from mesh import subjects
 from mesh.connect import close_quietly, connect
 from mesh.edgeschema import decode_uplink
-from mesh.server import EmbeddedServer, ServerConfig
+from mesh.server import EmbeddedServer, ServerConfig, free_port
 
-from .conftest import Region, eventually, run_mesh, cli_env
-from .tcpproxy import UNDIALABLE, TcpProxy
+from .conftest import Region, cli_env, eventually
+from .tcpproxy import TcpProxy
 
 SITE = "s1"
 REGION = "default"
@@ -68,7 +73,6 @@ class Site:
                 store_dir=str(self.tmp / "hub"),
                 domain=subjects.HUB_DOMAIN,
                 leaf_listen=True,
-                leaf_advertise=UNDIALABLE,  # else the leaf dials the hub around the proxy
                 ping_interval="1s",
                 ping_max=3,
             )
@@ -84,19 +88,21 @@ class Site:
         await self.region.coordinator("c1", suspect_after=600.0, down_after=600.0)
         self.leaf_nc = await connect(self.leaf.url, name="test-leaf")
         await eventually(lambda: self.linked(), timeout=15)
-        self.fleet = RecordingFleet(
-            self.leaf.url,
-            REGION,
-            nodes,
-            prefix=f"{SITE}n",
-            inventories=[Inventory(4, 16 * GiB)] * nodes,
-            site=SITE,
-        )
-        await self.fleet.start()
+        if nodes:
+            self.fleet = RecordingFleet(
+                self.leaf.url,
+                REGION,
+                nodes,
+                prefix=f"{SITE}n",
+                inventories=[Inventory(4, 16 * GiB)] * nodes,
+                site=SITE,
+            )
+            await self.fleet.start()
         self.link = SiteLink(self.leaf.url, REGION, SITE)
         await self.link.start()
         await self.leaf_nc.subscribe(subjects.site_uplink(REGION, SITE), cb=self._uplink)
-        await self.region.ready(nodes)
+        if nodes:
+            await self.region.ready(nodes)
         return self
 
     async def _uplink(self, msg) -> None:
@@ -220,7 +226,7 @@ async def test_a_cut_site_loses_nothing_and_runs_nothing_twice(site, kind):
     jobs = before + during
 
     at_up = set(await site.hub_history(jobs))
-    print(kind, "missing at link-up:", len(stored - at_up), "link", site.link.counters)
+    print(f"{kind}: {len(stored - at_up)} events held at the site at link-up")
 
     async def caught_up() -> bool:
         return stored <= set(await site.hub_history(jobs))
@@ -233,8 +239,12 @@ async def test_a_cut_site_loses_nothing_and_runs_nothing_twice(site, kind):
 
     history = await site.hub_history(jobs)
     acked = collections.Counter(site.fleet.acked)
-    assert set(acked) <= set(history), f"acknowledged at the site, missing at the hub: {set(acked) - set(history)}"
-    assert all(n == 1 for n in history.values()), f"logged twice: {[k for k, n in history.items() if n > 1]}"
+    assert set(acked) <= set(history), (
+        f"acknowledged at the site, missing at the hub: {set(acked) - set(history)}"
+    )
+    assert all(n == 1 for n in history.values()), (
+        f"logged twice: {[k for k, n in history.items() if n > 1]}"
+    )
     tasks = collections.Counter(t for _, t, _ in site.fleet.ran)
     assert len(tasks) == len(jobs) and all(n == 1 for n in tasks.values()), tasks
     # (fleet.counts["duplicates"] counts redeliveries its guard refused, e.g. after the
@@ -246,3 +256,94 @@ async def test_a_cut_site_loses_nothing_and_runs_nothing_twice(site, kind):
 
 async def not_linked(site: Site) -> bool:
     return not await site.linked()
+
+
+async def test_a_real_site_agent_process_runs_through_a_cut(tmp_path, procs):
+    """`mesh agent --site` as an operator runs it, on the leaf: its node reaches the hub
+    (naming its site), a real command runs there, the link is reset mid-run, and the
+    run's outcome reaches the hub once the link is back, once."""
+    site = await Site(tmp_path).start(nodes=0)
+    try:
+        extra = ["--allow-root"] if os.geteuid() == 0 else []
+        procs(
+            site.leaf.url,
+            "--insecure",
+            "agent",
+            "--site",
+            SITE,
+            "--node-id",
+            "real-1",
+            "--data-dir",
+            str(tmp_path / "real-1"),
+            *extra,
+            name="agent",
+        )
+        await site.region.ready(1)
+        (node,) = await site.region.client.nodes()
+        assert node["node_id"] == "real-1"
+        c = site.region.client
+        job = await c.submit(
+            {"name": "real", "tasks": [{"role": "w", "command": "sleep 1.5; echo done"}]}
+        )
+        await eventually(lambda: state_of(c, job, "RUNNING"), timeout=15)
+        site.proxy.cut()
+        await eventually(lambda: not_linked(site), timeout=10)
+        await asyncio.sleep(2.0)  # it ends while the site is cut off
+        stored = (await site.leaf_nc.jetstream().stream_info(site.link.stream)).state
+        assert stored.messages >= 1  # its SUCCEEDED waits at the site
+        assert await state_of(c, job, "RUNNING")
+        site.proxy.restore()
+        done = await c.wait(job, timeout=15)
+        assert done["state"] == "SUCCEEDED"
+        history = [h["state"] for h in done["task_list"][0]["history"]]
+        assert history.count("RUNNING") == 1 and history.count("SUCCEEDED") == 1
+    finally:
+        await site.close()
+
+
+async def state_of(client, job_id: str, state: str) -> bool:
+    """Whether the job's (one) task is in `state` in the hub's view."""
+    return (await client.job(job_id))["task_list"][0]["state"] == state
+
+
+async def test_mesh_edge_up_runs_a_site_and_stops_cleanly(tmp_path):
+    """`mesh edge up`: the leaf, the link and the agent in one process; the site's node
+    runs a job for the hub; SIGINT (Ctrl-C) stops it all, with exit 0."""
+    hub = EmbeddedServer(
+        ServerConfig(store_dir=str(tmp_path / "hub"), domain=subjects.HUB_DOMAIN, leaf_listen=True)
+    )
+    await hub.astart()
+    region = Region(hub.url, tmp_path, REGION)
+    port = free_port()
+    env = {**cli_env(tmp_path), "PYTHONUNBUFFERED": "1"}
+    log = open(tmp_path / "edge.log", "wb")
+    proc = None
+    try:
+        await region.connect_client()
+        await region.coordinator("c1")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mesh.cli.main", "--insecure", "edge", "up"]
+            + ["--site", "s2", "--hub", hub.leaf_url, "--port", str(port)]
+            + ["--node-id", "edge-1", "--autonomy", "5m"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        await region.ready(1)
+        job = await region.client.submit(
+            {"name": "at-edge", "tasks": [{"role": "w", "command": "true"}]}
+        )
+        assert (await region.client.wait(job, timeout=20))["state"] == "SUCCEEDED"
+        assert (tmp_path / "home" / "edge" / "s2" / "nats").is_dir()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(15) == 0
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        await region.close()
+        hub.stop()

@@ -7,7 +7,7 @@ import nats
 import pytest
 
 from mesh import subjects
-from mesh.server import EmbeddedServer, ServerConfig
+from mesh.server import EmbeddedServer, ServerConfig, TlsFiles, UserPermission
 from tests.integration.conftest import eventually
 
 
@@ -75,3 +75,22 @@ async def test_leaf_client_reaches_both_domains(hub_and_leaf):
     finally:
         await leaf_nc.close()
         await hub_nc.close()
+
+
+def test_leaf_tls_blocks_render():
+    """A hub with TLS verifies the leaf's certificate; a leaf's remote presents one."""
+    files = TlsFiles(ca="/c/ca.crt", cert="/c/s.crt", key="/c/s.key")
+    hub = ServerConfig(
+        domain="hub", leaf_listen=True, tls=files, users=[UserPermission("u", [">"], [">"])]
+    )
+    block = hub.render().split("leafnodes {")[1]
+    assert "verify: true" in block.split("}")[0] and '"/c/ca.crt"' in block
+    leaf = ServerConfig(
+        leaf_remotes=["tls://hub:7422"],
+        leaf_tls=files,
+        leaf_only_listed=True,
+        leaf_reconnect="250ms",
+    )
+    text = leaf.render()
+    assert 'tls {cert_file: "/c/s.crt", key_file: "/c/s.key", ca_file: "/c/ca.crt"' in text
+    assert "ignore_discovered_servers: true" in text and 'reconnect: "250ms"' in text
