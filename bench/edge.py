@@ -256,6 +256,10 @@ async def _main(args: argparse.Namespace, state_dir: Path) -> dict:
         client = MeshClient(nc, region=REGION)
         view = HubView()
         await view.start(nc)
+        # The footprint first, the real site alone on the hub: its idle link carries its
+        # own traffic only (a site hears every heartbeat of the region it subscribes to).
+        fp = await footprint.measure(hub, REGION, client, args.idle, state_dir)
+        print(f"edge footprint: {fp}")
         await sites.start(args, hub.config.leaf_port, state_dir)
         nodes = {s: ns for s, ns in sites.ready["sites"].items()}
         want = sum(len(ns) for ns in nodes.values())
@@ -266,8 +270,6 @@ async def _main(args: argparse.Namespace, state_dir: Path) -> dict:
 
         await _eventually(ready, 120, f"{want} site nodes ready at the hub")
         print(f"hub up; {len(nodes)} sites x {args.nodes} hollow nodes ready ({want})")
-        fp = await footprint.measure(hub, REGION, client, args.idle, state_dir)
-        print(f"edge footprint: {fp}")
         cpu0 = (_cpu(hub.proc.pid), _cpu(None), time.monotonic())
         run = await schedule(args, client, sites, view, nodes)
         hub_cpu = _cpu(hub.proc.pid) - cpu0[0]
@@ -301,12 +303,19 @@ async def schedule(args, client: MeshClient, sites: Sites, view: HubView, nodes)
     stop = asyncio.Event()
     outages: list[dict] = []
 
+    names = sorted(nodes)
+
     async def stream() -> None:
+        """Short jobs, pinned to the sites in turn (label `bench-site`): every site has
+        work running when it is cut, and none goes to the footprint's site."""
         n = 0
         period = 0.5
         while not stop.is_set():
             k = max(1, round(args.rate * period))
-            specs = [short_job(f"j{n + i:06d}", args.job_s) for i in range(k)]
+            specs = [
+                short_job(f"j{n + i:06d}", args.job_s, names[(n + i) % len(names)])
+                for i in range(k)
+            ]
             n += k
             for r in await client.submit_many(specs):
                 if "job_id" in r:
@@ -363,12 +372,12 @@ async def schedule(args, client: MeshClient, sites: Sites, view: HubView, nodes)
     finally:
         stop.set()
         await feeder
-    drained = await drain(client, job_ids, args.drain)
+    unfinished = await drain(client, job_ids, args.drain)
     return {
         "job_ids": job_ids,
         "outages": outages,
         "backlog_jobs": len(backlog),
-        "drained": drained,
+        "unfinished": unfinished,
     }
 
 
@@ -407,14 +416,15 @@ async def resync_time(view: HubView, keys, t_restore: float, timeout: float) -> 
         await asyncio.sleep(0.05)
 
 
-async def drain(client: MeshClient, job_ids: list[str], timeout: float) -> bool:
+async def drain(client: MeshClient, job_ids: list[str], timeout: float) -> int:
+    """Waits for every job to finish; returns how many did not within `timeout`."""
     left = set(job_ids)
     deadline = time.monotonic() + timeout
     while left and time.monotonic() < deadline:
         rows = await client.jobs(limit=10_000)
         left -= {r["job_id"] for r in rows if r["state"] in FINISHED}
         await asyncio.sleep(1.0)
-    return not left
+    return len(left)
 
 
 async def hub_histories(client: MeshClient, job_ids: list[str]) -> dict:
@@ -457,7 +467,7 @@ def report(args, run, final, histories, view, cpu, fp, tracks, down_after, load0
     noticed_max = max((x for x in [*uplink_s, *hub_s] if x is not None), default=None)
     dups = ledger.get("duplicates")
     targets = {
-        "zero_lost": not lost and not unknown_tasks and run["drained"],
+        "zero_lost": not lost and not unknown_tasks and not run["unfinished"],
         "zero_duplicates": dups == 0 and not dup_views,
         "resync_p99<=2s": bool(resyncs) and not unresynced and resync_ms["p99"] <= 2000.0,
         "blackhole_noticed<=10s": bool(bh)
@@ -492,7 +502,7 @@ def report(args, run, final, histories, view, cpu, fp, tracks, down_after, load0
             "quick": args.quick,
         },
         "jobs": len(run["job_ids"]),
-        "drained": run["drained"],
+        "jobs_unfinished": run["unfinished"],
         "events_acked": len(acked),
         "events_at_hub": len(view.seen),
         "lost": len(lost),
@@ -509,18 +519,24 @@ def report(args, run, final, histories, view, cpu, fp, tracks, down_after, load0
         "resync_p50_s": round(percentile(resyncs, 50), 3) if resyncs else None,
         "resync_p99_s": round(percentile(resyncs, 99), 3) if resyncs else None,
         "not_resynced": unresynced,
-        "events_behind_at_restore": [o["behind"] for o in outages],
+        "outage_list": [  # [site, mode, length s, events behind at link-up, resync s]
+            [o["site"], o["mode"], o["length_s"], o["behind"], _r3(o["resync_s"])] for o in outages
+        ],
         "long_outage": (
             {k: long_o[k] for k in ("events", "behind", "resync_s")} if long_o else None
         ),
         "blackhole_noticed_uplink_s": uplink_s,
-        "blackhole_noticed_hub_s": hub_s,
+        "blackhole_noticed_hub_s": [_r3(x) for x in hub_s],
         "hub_cpu_percent_per_site": round(hub_pct, 4),
         "hub_cpu": {k: round(v, 2) for k, v in cpu.items()},
         "links": final["links"].get(LONG_SITE),
         "footprint": fp,
         "targets": targets,
     }
+
+
+def _r3(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
 
 
 def _uplink_noticed(changes, t_cut: float) -> float | None:
