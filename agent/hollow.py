@@ -116,7 +116,7 @@ from dataclasses import dataclass, field, replace
 import msgpack
 
 from agent.ledger import Run, RunBook
-from agent.link import AssignmentMessage, EventPublisher, FleetFeed
+from agent.link import SITE_ACK_WAIT_S, AssignmentMessage, EventPublisher, FleetFeed
 from mesh import subjects
 from mesh.codec import to_wire
 from mesh.connect import ClientTls, close_quietly, connect, describe, endpoint
@@ -804,7 +804,12 @@ class HollowFleet:
             )
             self.events.start()
             self.feed = FleetFeed(
-                hub_js, self.region, self.prefix, list(self.nodes), self._on_assignment
+                hub_js,
+                self.region,
+                self.prefix,
+                list(self.nodes),
+                self._on_assignment,
+                **({"ack_wait": SITE_ACK_WAIT_S} if self.site else {}),
             )
             await self.feed.start()
         except BaseException:

@@ -83,8 +83,24 @@ class _Feed:
             await self._handle(msg)  # type: ignore[attr-defined]
 
 
+# A site agent's assignment consumer lives in the hub, its pull requests cross the leaf
+# link: a message the hub delivers as the link drops is lost on the wire and comes again
+# only after ack_wait. Shorter there, so a task assigned across a cut starts within
+# seconds of the link's return (a redelivery is recognised by task id and attempt).
+SITE_ACK_WAIT_S = 5.0
+
+
 class AssignmentFeed(_Feed):
-    def __init__(self, js: JetStreamContext, region: str, node_id: str, handler: Handler) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        region: str,
+        node_id: str,
+        handler: Handler,
+        *,
+        ack_wait: float = 30.0,
+    ) -> None:
+        self.ack_wait = ack_wait
         self.js = js
         self.region = region
         self.node_id = node_id
@@ -97,7 +113,7 @@ class AssignmentFeed(_Feed):
             subjects.assign(self.region, self.node_id),
             durable=subjects.agent_consumer(self.node_id),
             stream=subjects.assign_stream(self.region),
-            config=ConsumerConfig(ack_wait=30.0, max_ack_pending=10_000),
+            config=ConsumerConfig(ack_wait=self.ack_wait, max_ack_pending=10_000),
         )
 
     async def _handle(self, msg) -> None:

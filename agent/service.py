@@ -35,7 +35,7 @@ from agent.gpu import (
     mps_pipe_dir,
     task_env,
 )
-from agent.link import AssignmentFeed, AssignmentMessage, publish_event
+from agent.link import SITE_ACK_WAIT_S, AssignmentFeed, AssignmentMessage, publish_event
 from agent.probe import GpuInfo, GpuProbe, HostProbe, HostSample
 from agent.store import TaskRecord, TaskStore
 from mesh import subjects
@@ -203,7 +203,13 @@ class Agent:
             subjects.task_logs(self.region, self.node_id), cb=self._serve_logs
         )
         self._say_verifying()
-        self.feed = AssignmentFeed(self.hub_js, self.region, self.node_id, self._on_assignment)
+        self.feed = AssignmentFeed(
+            self.hub_js,
+            self.region,
+            self.node_id,
+            self._on_assignment,
+            **({"ack_wait": SITE_ACK_WAIT_S} if self.site else {}),
+        )
         await self.feed.start()
         self._tasks = [
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),

@@ -77,7 +77,7 @@ class SiteLink:
         autonomy_s: float = NEVER,
         window: int = 512,
         retry_s: float = 0.2,
-        ack_timeout: float = 2.0,
+        ack_timeout: float = 1.0,
         beat_s: float = 1.0,
         reachable_s: float = 3.0,
         node_window_s: float = 10.0,
