@@ -27,7 +27,7 @@ from coordinator.scheduling import (
 )
 from coordinator.services import keep_services, restart_delay
 from coordinator.state import HOLDING, JobRecord, RegionState, TaskRecord
-from edge.sites import lost_why, may_declare_lost
+from edge.sites import forwarded_since, lost_why, may_declare_lost
 from mesh.schema import DuplicateStopped, LogEvent, TaskEvent, TaskPlaced, TaskUpdated
 from workloads.lifecycle import ENDED, FINAL, TaskState, can_transition
 from workloads.resources import Resources
@@ -236,10 +236,19 @@ def _lose_tasks_a_node_forgot(
     `events_*`, kept by the leader) read its last sequence, and a later one found the
     leaders' consumer acknowledged up to it. Times are the agent's own clock (heartbeat
     and task events alike), so only nodes that heartbeat since the last round (the
-    cluster's journal) are looked at."""
+    cluster's journal) are looked at.
+
+    An edge site's node drops a task from its heartbeats once the outcome is stored on
+    the site, and the site link forwards it to the events stream later (a backlog after
+    a cut takes seconds): there the wait above starts only once the site's beats show
+    that what it held when the task was missed has been forwarded
+    (`edge.sites.forwarded_since`)."""
     missing: dict[tuple[str, int], _Missed] = state.memo.setdefault("forgot_missing", {})
+    gates: dict[tuple[str, int], list[int]] = state.memo.setdefault("forgot_site_gate", {})
     for key in [k for k in missing if _not_running(state, k)]:
         del missing[key]
+    for key in [k for k in gates if _not_running(state, k)]:
+        del gates[key]
     heard = nodes.changes.since(state.memo.get("forgot_mark"))
     state.memo["forgot_mark"] = nodes.changes.mark()
     tasks_of = state.node_tasks
@@ -257,10 +266,18 @@ def _lose_tasks_a_node_forgot(
             if f"{tid}#{t.attempt}" in live or ts <= t.started_at:
                 if missing:
                     missing.pop((tid, t.attempt), None)
+                if gates:
+                    gates.pop((tid, t.attempt), None)
                 continue
             key = (tid, t.attempt)
             seen = missing.get(key)
             if seen is None:
+                site = nodes.sites.get(view.state.site) if view.state.site else None
+                if site is not None:
+                    gate = gates.setdefault(key, [site.beats, -1])
+                    if not forwarded_since(gate, site):
+                        continue  # its outcome may still be on the site, not forwarded
+                    del gates[key]
                 seen = missing[key] = _Missed(ts, nodes.events_checks)
             if seen.upto is None and nodes.events_checked > seen.checks:
                 seen.upto = nodes.events_last

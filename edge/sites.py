@@ -57,6 +57,7 @@ class SiteView:
     nodes: tuple[str, ...] = ()
     backlog: int = 0
     beats: int = 0  # beats heard by this process
+    forwarded: int = 0  # from the newest beat: what its link forwarded since it started
 
 
 def observe(view: SiteView | None, beat: SiteBeat, now: float) -> SiteView:
@@ -64,7 +65,15 @@ def observe(view: SiteView | None, beat: SiteBeat, now: float) -> SiteView:
     beat's autonomy applies from now on."""
     if view is None:
         return SiteView(
-            beat.site, now, beat.autonomy_s, CONNECTED, now, beat.nodes, beat.backlog, 1
+            beat.site,
+            now,
+            beat.autonomy_s,
+            CONNECTED,
+            now,
+            beat.nodes,
+            beat.backlog,
+            1,
+            beat.forwarded,
         )
     since = view.since if view.status == CONNECTED else now
     return replace(
@@ -76,6 +85,7 @@ def observe(view: SiteView | None, beat: SiteBeat, now: float) -> SiteView:
         nodes=beat.nodes,
         backlog=beat.backlog,
         beats=view.beats + 1,
+        forwarded=beat.forwarded,
     )
 
 
@@ -171,3 +181,18 @@ def unlogged(views: Iterable[SiteView], logged: Mapping[str, SiteRecorded]) -> l
         if rec is None or rec.status != v.status or rec.autonomy_s != v.autonomy_s:
             out.append(v)
     return sorted(out, key=lambda v: v.site)
+
+
+def forwarded_since(gate: list[int], view: SiteView) -> bool:
+    """Whether everything a site had stored when a gate was opened has reached the
+    region: `gate` is [beats heard when it opened, the target or -1], updated in place.
+    The target is taken from the second beat heard after opening (the first may have
+    been sent before: a beat and a node's heartbeat travel apart): what that link had
+    forwarded plus what it still held. It is reached when a beat says nothing is left,
+    or that the link forwarded that much (a restarted link counts from zero again, and
+    then only the empty backlog opens the gate: later, never early)."""
+    if gate[1] < 0:
+        if view.beats < gate[0] + 2:
+            return False
+        gate[1] = view.forwarded + view.backlog
+    return view.backlog == 0 or view.forwarded >= gate[1]

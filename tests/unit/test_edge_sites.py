@@ -5,11 +5,13 @@ down as today; a beat's new autonomy applies from then on."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.cluster import DOWN, READY, SUSPECT, ClusterView
-from coordinator.reconcile import Kill
+from coordinator.reconcile import FORGOTTEN_AFTER_S, Kill
 from coordinator.state import RegionState
 from edge import sites
 from edge.sites import CONNECTED, DISCONNECTED, NEVER
@@ -267,3 +269,59 @@ def test_the_fold_keeps_each_sites_latest_record():
     rs.apply(1, LogEntry(1, "c1", (a,)))
     rs.apply(2, LogEntry(1, "c1", (b,)))
     assert rs.sites == {"s1": b}
+
+
+# --------------------------------------------------------------------------- back from a cut
+
+
+def test_forwarded_since_waits_for_a_beat_sent_after_the_miss_then_for_the_backlog():
+    v = sites.observe(None, dataclasses.replace(beat(), backlog=50, forwarded=10), 0.0)
+    gate = [v.beats, -1]
+    v = sites.observe(v, dataclasses.replace(beat(), backlog=0, forwarded=60), 1.0)
+    assert not sites.forwarded_since(gate, v)  # the first beat after may predate the miss
+    v = sites.observe(v, dataclasses.replace(beat(), backlog=30, forwarded=60), 2.0)
+    assert not sites.forwarded_since(gate, v) and gate[1] == 90
+    v = sites.observe(v, dataclasses.replace(beat(), backlog=20, forwarded=89), 3.0)
+    assert not sites.forwarded_since(gate, v)
+    v = sites.observe(v, dataclasses.replace(beat(), backlog=5, forwarded=90), 4.0)
+    assert sites.forwarded_since(gate, v)  # all it held then is in the region
+    restarted = sites.observe(v, dataclasses.replace(beat(), backlog=0, forwarded=0), 5.0)
+    assert sites.forwarded_since([v.beats - 2, 500], restarted)  # a new link, nothing left
+
+
+def test_a_task_a_site_node_stopped_listing_waits_for_the_sites_backlog():
+    """Back from a cut, a site's node no longer lists a task that ended while it was
+    away: its outcome is stored on the site, still in the backlog the link forwards.
+    The task is not LOST while the site still holds what it held then (seen in the
+    bench: declared LOST, run again, its SUCCEEDED then ignored as stale); once that is
+    forwarded and nobody logged an end, it is LOST as on any node."""
+    log = Log()
+    log.submit("j", count=1)
+    log.run("j.w.0", "s1-a")  # RUNNING since the agent's ts 3.0
+    cv = ClusterView("r", suspect_after=1e6, down_after=1e6)
+    seq = iter(range(1, 1000))
+
+    def heartbeat(ts: float, tasks=()) -> None:
+        n = next(seq)
+        cv.observe(dataclasses.replace(state("s1-a", tasks=tasks), seq=n, ts=ts), 100.0 + ts)
+        cv.events_checks = cv.events_checked = n  # the events stream: all handled
+        cv.events_last = cv.events_floor = 0
+
+    def site_beat(backlog: int, forwarded: int) -> None:
+        b = dataclasses.replace(beat(), backlog=backlog, forwarded=forwarded)
+        cv.sites["s1"] = sites.observe(cv.sites.get("s1"), b, 100.0)
+
+    site_beat(0, 0)
+    heartbeat(4.0, ("j.w.0#1",))
+    assert lost(log.step(cv, now=104.0)) == []
+    heartbeat(5.0)  # back from a cut: no longer listed, its outcome 900 messages back
+    assert lost(log.step(cv, now=105.0)) == []
+    for i, ts in enumerate((6.0, 10.0, 20.0, 30.0, 40.0)):
+        site_beat(900 - 100 * i, 100 + 100 * i)  # forwarding, never down to 1000
+        heartbeat(ts)
+        assert lost(log.step(cv, now=100.0 + ts)) == [], ts
+    site_beat(0, 1000)  # all it held when the task was missed is forwarded
+    heartbeat(41.0)
+    assert lost(log.step(cv, now=141.0)) == []  # from here, the usual wait
+    heartbeat(41.0 + FORGOTTEN_AFTER_S)
+    assert lost(log.step(cv, now=141.0 + FORGOTTEN_AFTER_S)) == ["j.w.0"]
