@@ -1,72 +1,28 @@
-"""The region's side of an edge site over a real nats-server: the test plays the site's
-link, publishing real `SiteBeat`s on the real subject, and a hollow fleet whose nodes
-carry the site stands for the site's agents. A cut is the beats stopping and the fleet's
-nodes falling silent while their runs go on (`HollowNode.down`: no heartbeats,
-assignments held, runs kept). No leaf server is needed for this part.
+"""The region's side of an edge site, on a real site (tests/integration/edgesite.py): a
+hub nats-server, the site's leaf behind a TCP proxy, a hollow fleet of the site's nodes on
+the leaf and the real site link beating to the hub. A cut is the proxy's (a reset, or a
+black-hole): the link's beats and the nodes' heartbeats stop crossing for real, while the
+nodes' runs go on at the site.
 
 What must hold: a cut-off site's tasks are not LOST within its autonomy (never, or a few
-seconds) and its nodes show `disconnected`; past the autonomy they are LOST and run
-elsewhere; when the site comes back its stale copy is killed and the duplicate logged;
-a silent node of a beating site is down as today; a new leader keeps the site's status
-and its autonomy clock."""
+seconds) and its nodes show `disconnected`, not `down` (at the coordinator's usual
+`down_after`); past the autonomy they are LOST and run elsewhere; when the site comes
+back its stale copy is killed and the duplicate logged; a silent node of a beating site
+is down as today; a new leader keeps the site's status and its autonomy clock."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
-import pytest
+from agent.ledger import count_duplicates
+from tests.integration.conftest import cli_env, eventually, leader_is, run_mesh
 
-from mesh import subjects
-from mesh.codec import encode
-from mesh.edgeschema import NEVER, SiteBeat
-from tests.integration.conftest import cli_env, eventually, run_mesh
-
-pytestmark = pytest.mark.asyncio
+from .edgesite import Site
 
 FAST = {"suspect_after": 1.0, "down_after": 3.0, "lease_ttl": 1.0}
-
-
-class Link:
-    """A site link's beats, as `edge/uplink.py` sends them: every 0.3 s while `up`."""
-
-    def __init__(self, nc, region: str, site: str, autonomy: float, nodes: tuple[str, ...]):
-        self.nc, self.region, self.site = nc, region, site
-        self.autonomy, self.nodes = autonomy, nodes
-        self.up = True
-        self.last = 0.0  # wall clock of the last beat sent
-        self.seq = 0
-        self._task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            if self.up:
-                self.seq += 1
-                beat = SiteBeat(
-                    self.site, self.region, self.seq, time.time(), self.autonomy, self.nodes
-                )
-                await self.nc.publish(subjects.site_beat(self.region, self.site), encode(beat))
-                await self.nc.flush()
-                self.last = time.time()
-            await asyncio.sleep(0.3)
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-
-
-def cut(link: Link, fleet) -> None:
-    link.up = False
-    for node in fleet.nodes.values():
-        node.down = True  # silent, its runs kept: a site cut off from its region
-
-
-def restore(link: Link, fleet) -> None:
-    link.up = True
-    for node in fleet.nodes.values():
-        fleet._wake(node)  # heartbeats again, held assignments delivered
+HEARTBEATS = {"heartbeat_s": 0.3}
+SLACK = 0.2  # the test and the coordinator hear the same beat on the hub, not at one instant
 
 
 def forever(name: str, where: str = "") -> dict:
@@ -113,33 +69,31 @@ def lost_at(task: dict) -> float:
 
 
 async def test_past_a_short_autonomy_the_task_runs_elsewhere_and_the_duplicate_is_stopped(
-    region,
+    tmp_path,
 ):
-    c = region.client
-    await region.coordinator("c1", **FAST)
-    site = await region.fleet(1, prefix="s1", site="s1", heartbeat_s=0.3)
-    link = Link(region.nc, region.name, "s1", 3.0, ("s1-0000",))
+    site = Site(tmp_path, coordinator=FAST, autonomy_s=3.0, fleet=HEARTBEATS)
     try:
-        await region.ready(1)
+        await site.start(nodes=1)
+        c, node = site.region.client, "s1n-0000"
         job = await c.submit(forever("edge"))
-        await running_on(c, job, "s1-0000")
+        await running_on(c, job, node)
         row = await eventually(lambda: site_row(c, "s1"))
         assert row["status"] == "connected" and row["autonomy_s"] == 3.0
-        await region.fleet(1, prefix="dc", heartbeat_s=0.3)
-        await region.ready(2)
+        dc = await site.region.fleet(1, prefix="dc", heartbeat_s=0.3)
+        await site.region.ready(2)
 
-        cut(link, site)
+        site.proxy.cut()
         await eventually(lambda: _is(c, "s1", "disconnected"), timeout=10)
-        assert await node_status(c, "s1-0000") == "disconnected"
+        assert await node_status(c, node) == "disconnected"
         moved = await running_on(c, job, "dc-0000", attempt=2)
         # LOST only once 3 s passed since the site was last heard (not at 3 s of node
         # silence, nor at down_after): the region's clock on both sides.
-        assert lost_at(moved) - link.last >= 3.0 - 0.35  # a beat may be lost in flight
-        assert site.nodes["s1-0000"].running  # the site's copy kept running meanwhile
+        assert lost_at(moved) - site.last_beat >= 3.0 - SLACK
+        assert site.fleet.nodes[node].running  # the site's copy kept running meanwhile
 
-        restore(link, site)
+        site.proxy.restore()
         await eventually(lambda: _is(c, "s1", "connected"), timeout=10)
-        await eventually(lambda: not site.nodes["s1-0000"].running, timeout=10)
+        await eventually(lambda: not site.fleet.nodes[node].running, timeout=15)
         detail = await c.job(job)
         (t,) = detail["task_list"]
         assert (t["state"], t["attempt"], t["node_id"]) == ("RUNNING", 2, "dc-0000")
@@ -147,12 +101,21 @@ async def test_past_a_short_autonomy_the_task_runs_elsewhere_and_the_duplicate_i
         assert [(h["attempt"], h["node_id"], h["message"]) for h in dups] == [
             (
                 1,
-                "s1-0000",
+                node,
                 "duplicate run of attempt 1 stopped: attempt 2 ran after the site's autonomy",
             )
         ]
+        # What the nodes ran: the one duplicate autonomy allows (attempt 1 at the site,
+        # killed, overlapping attempt 2 in the datacenter), and nothing else.
+        runs = site.fleet.ledger() + dc.ledger()
+        found = count_duplicates(runs)
+        assert [(a.attempt, a.node_id, b.attempt, b.node_id) for a, b in found.overlapping] == [
+            (1, node, 2, "dc-0000")
+        ]
+        assert found.total == 1
+        assert [r.outcome for r in site.fleet.ledger()] == ["KILLED"]
     finally:
-        await link.stop()
+        await site.close()
 
 
 async def _is(client, site: str, status: str) -> bool:
@@ -163,33 +126,37 @@ async def _is(client, site: str, status: str) -> bool:
 S1, S2 = {"where": "s1"}, {"where": "s2"}
 
 
-async def test_never_means_never_and_a_silent_node_of_a_beating_site_is_down(region, tmp_path):
-    c = region.client
-    await region.coordinator("c1", **FAST)
-    cut_site = await region.fleet(1, prefix="s1", site="s1", heartbeat_s=0.3, labels=S1)
-    beating = await region.fleet(1, prefix="s2", site="s2", heartbeat_s=0.3, labels=S2)
-    link1 = Link(region.nc, region.name, "s1", NEVER, ("s1-0000",))
-    link2 = Link(region.nc, region.name, "s2", NEVER, ())  # it hears no node of its own
+async def test_never_means_never_and_a_silent_node_of_a_beating_site_is_down(tmp_path):
+    # The coordinator's usual down_after (10 s): a cut-off site's node is not down at it.
+    first = Site(tmp_path, coordinator={}, fleet={**HEARTBEATS, "labels": S1})
+    # s2's link names the nodes it heard in the last second only (default 10 s): a
+    # beat naming a node keeps it alive at the hub, so its silence shows a second later.
+    second = Site(
+        tmp_path, "s2", hub=first, link={"node_window_s": 1.0}, fleet={**HEARTBEATS, "labels": S2}
+    )
     try:
-        await region.ready(2)
+        await first.start(nodes=1)
+        await second.start(nodes=1)
+        c = first.region.client
         jobs = [await c.submit(forever(f"j{i}", f"s{i + 1}")) for i in range(2)]
         await eventually(lambda: _all_running(c, jobs), timeout=15)
         on = {(await task_of(c, j))["node_id"]: j for j in jobs}
-        assert set(on) == {"s1-0000", "s2-0000"}
-        cut(link1, cut_site)
-        for node in beating.nodes.values():
+        assert set(on) == {"s1n-0000", "s2n-0000"}
+        first.proxy.cut()
+        for node in second.fleet.nodes.values():
             node.down = True  # silent while its site beats on
         t0 = time.monotonic()
-        await eventually(lambda: _state_of(c, on["s2-0000"], "LOST", "PENDING"), timeout=10)
-        assert await node_status(c, "s2-0000") == "down"
-        await asyncio.sleep(max(0.0, 6.0 - (time.monotonic() - t0)))  # twice down_after
-        t = await task_of(c, on["s1-0000"])
-        assert (t["state"], t["attempt"], t["node_id"]) == ("RUNNING", 1, "s1-0000")
-        assert await node_status(c, "s1-0000") == "disconnected"
+        await eventually(lambda: _state_of(c, on["s2n-0000"], "LOST", "PENDING"), timeout=20)
+        assert await node_status(c, "s2n-0000") == "down"
+        await asyncio.sleep(max(0.0, 12.0 - (time.monotonic() - t0)))  # past down_after
+        t = await task_of(c, on["s1n-0000"])
+        assert (t["state"], t["attempt"], t["node_id"]) == ("RUNNING", 1, "s1n-0000")
+        assert await node_status(c, "s1n-0000") == "disconnected"
         row = await site_row(c, "s1")
         assert row["status"] == "disconnected" and row["autonomy_s"] is None
+        assert first.fleet.nodes["s1n-0000"].running  # at the site, it runs on
         # As an operator sees it: `mesh site list`, `mesh node list`.
-        env = {**cli_env(tmp_path), "MESH_NATS_URL": region.url, "MESH_INSECURE": "1"}
+        env = {**cli_env(tmp_path), "MESH_NATS_URL": first.hub.url, "MESH_INSECURE": "1"}
         sites_out = await asyncio.to_thread(run_mesh, "site", "list", env=env)
         assert sites_out.returncode == 0, sites_out.stderr
         by_site = {ln.split()[0]: ln.split() for ln in sites_out.stdout.splitlines()[1:]}
@@ -197,10 +164,10 @@ async def test_never_means_never_and_a_silent_node_of_a_beating_site_is_down(reg
         assert by_site["s2"][1] == "connected"
         nodes_out = await asyncio.to_thread(run_mesh, "node", "list", env=env)
         by_node = {ln.split()[0]: ln.split()[1] for ln in nodes_out.stdout.splitlines()[1:]}
-        assert by_node["s1-0000"] == "disconnected" and by_node["s2-0000"] == "down"
+        assert by_node["s1n-0000"] == "disconnected" and by_node["s2n-0000"] == "down"
     finally:
-        await link1.stop()
-        await link2.stop()
+        await second.close()
+        await first.close()
 
 
 async def _all_running(client, jobs: list[str]) -> bool:
@@ -213,41 +180,33 @@ async def _state_of(client, job: str, *states: str) -> bool:
     return t["state"] in states or t["attempt"] > 1
 
 
-async def test_a_new_leader_keeps_the_sites_status_and_autonomy_clock(region):
-    """The new leader is a fresh candidate started after the cut: it never heard the
-    site nor its node, and still knows both from the log."""
-    c = region.client
-    first = await region.coordinator("c1", **FAST)
-    site = await region.fleet(1, prefix="s1", site="s1", heartbeat_s=0.3)
-    link = Link(region.nc, region.name, "s1", 8.0, ("s1-0000",))
+async def test_a_new_leader_keeps_the_sites_status_and_autonomy_clock(tmp_path):
+    """The new leader is a fresh candidate started after the cut (a black-hole): it
+    never heard the site nor its node, and still knows both from the log."""
+    site = Site(tmp_path, coordinator=FAST, autonomy_s=8.0, fleet=HEARTBEATS)
     try:
-        await region.ready(1)
+        await site.start(nodes=1)
+        region, c = site.region, site.region.client
+        (first,) = region.coordinators
         job = await c.submit(forever("edge"))
-        await running_on(c, job, "s1-0000")
+        await running_on(c, job, "s1n-0000")
         await region.fleet(1, prefix="dc", heartbeat_s=0.3)
         await region.ready(2)
-        cut(link, site)
+        site.proxy.black_hole()
         await eventually(lambda: _is(c, "s1", "disconnected"), timeout=10)
         before = await site_row(c, "s1")
         await first.stop()
         region.coordinators.remove(first)
         await region.coordinator("c2", **FAST)
-        await eventually(lambda: _leader(c, "c2"), timeout=10)
+        await eventually(lambda: leader_is(c, "c2"), timeout=10)
         after = await eventually(lambda: site_row(c, "s1"), timeout=5)
         assert after["status"] == "disconnected" and after["since"] == before["since"]
-        if time.time() - link.last < 8.0 - 0.5:  # still within its autonomy
+        if time.time() - site.last_beat < 8.0 - 0.5:  # still within its autonomy
             t = await task_of(c, job)
             assert (t["state"], t["attempt"]) == ("RUNNING", 1)
-            assert await node_status(c, "s1-0000") == "disconnected"
+            assert await node_status(c, "s1n-0000") == "disconnected"
         moved = await running_on(c, job, "dc-0000", attempt=2)
         # From the log's last_heard: 8 s after the last beat, not 8 s after c2 took over.
-        assert 8.0 - 0.35 <= lost_at(moved) - link.last < 8.0 + 2.0
+        assert 8.0 - SLACK <= lost_at(moved) - site.last_beat < 8.0 + 2.0
     finally:
-        await link.stop()
-
-
-async def _leader(client, cid: str) -> bool:
-    try:
-        return (await client.cluster_info())["leader"] == cid
-    except Exception:
-        return False
+        await site.close()

@@ -5,7 +5,7 @@ nodes on the leaf and the site link (edge/uplink.py) beside it. For each kind of
 (reset, black-hole, flap, the leaf server killed and restarted, the hub server killed
 and restarted): jobs submitted before and during the cut run once, every event the
 leaf's stream acknowledged reaches the hub's job history exactly once, and no task runs
-twice (the fleet's own record of what it ran).
+twice (the fleet's ledger, agent/ledger.py). The harness is edgesite.py.
 
 The coordinator's `down_after` is large: what the hub does with a cut-off site's nodes
 is the hub's site rules (edge/sites.py), not the link's; here the link must only lose
@@ -24,149 +24,23 @@ import time
 
 import pytest
 
-from agent.hollow import GiB, HollowFleet, Inventory
+from agent.ledger import count_duplicates
 from edge.leaf import site_server_config
 from edge.uplink import SiteLink
 from mesh import subjects
 from mesh.connect import close_quietly, connect
-from mesh.edgeschema import decode_beat, decode_uplink
+from mesh.edgeschema import decode_beat
 from mesh.server import EmbeddedServer, ServerConfig, free_port
 from mesh.streams import ensure_site_stream, ensure_streams
 
 from .conftest import Region, cli_env, eventually
+from .edgesite import REGION, SITE, Site, started_tasks
 from .tcpproxy import TcpProxy
 
-SITE = "s1"
-REGION = "default"
-MiB = 1024 * 1024
 # What each cut took to resync (printed; never asserted): link-up until the hub's job
 # view has every event the site stored, and until the link forwarded all of them.
 RESYNC: dict[str, float] = {}
 FORWARDED: dict[str, float] = {}
-
-
-class RecordingFleet(HollowFleet):
-    """A hollow fleet that records what its nodes ran and which of their events the
-    leaf's stream acknowledged (its own records, not the job log's)."""
-
-    def __init__(self, *args, **kw) -> None:
-        super().__init__(*args, **kw)
-        self.ran: list[tuple[str, str, int]] = []  # (node, task, attempt) per run started
-        self.acked: list[tuple[str, int, str]] = []  # (task, attempt, state)
-
-    def _act(self, node, a) -> None:
-        if a.kind != "kill" and (a.task_id, a.attempt) not in node.seen:
-            self.ran.append((node.node_id, a.task_id, a.attempt))
-        super()._act(node, a)
-
-    def _reported(self, ev) -> None:
-        self.acked.append((ev.task_id, ev.attempt, str(ev.state)))
-        super()._reported(ev)
-
-
-class Site:
-    """The hub, the proxy, the leaf, the coordinator, the fleet and the link."""
-
-    def __init__(self, tmp) -> None:
-        self.tmp = tmp
-        self.uplinks: list = []  # (monotonic time, SiteUplink) heard on the leaf
-
-    async def start(self, nodes: int = 3) -> Site:
-        self.hub = EmbeddedServer(
-            ServerConfig(
-                store_dir=str(self.tmp / "hub"),
-                domain=subjects.HUB_DOMAIN,
-                leaf_listen=True,
-                ping_interval="1s",
-                ping_max=3,
-            )
-        )
-        await self.hub.astart()
-        self.proxy = await TcpProxy(target_port=self.hub.config.leaf_port).start()
-        self.leaf = EmbeddedServer(
-            site_server_config(SITE, [self.proxy.url], self.tmp / "leaf", store_bytes=64 * MiB)
-        )
-        await self.leaf.astart()
-        self.region = Region(self.hub.url, self.tmp, REGION)
-        await self.region.connect_client()
-        await self.region.coordinator("c1", suspect_after=600.0, down_after=600.0)
-        self.leaf_nc = await connect(self.leaf.url, name="test-leaf")
-        await eventually(lambda: self.linked(), timeout=15)
-        if nodes:
-            self.fleet = RecordingFleet(
-                self.leaf.url,
-                REGION,
-                nodes,
-                prefix=f"{SITE}n",
-                inventories=[Inventory(4, 16 * GiB)] * nodes,
-                site=SITE,
-            )
-            await self.fleet.start()
-        self.link = SiteLink(self.leaf.url, REGION, SITE)
-        await self.link.start()
-        await self.leaf_nc.subscribe(subjects.site_uplink(REGION, SITE), cb=self._uplink)
-        if nodes:
-            await self.region.ready(nodes)
-        return self
-
-    async def _uplink(self, msg) -> None:
-        self.uplinks.append((time.monotonic(), decode_uplink(msg.data)))
-
-    async def linked(self) -> bool:
-        try:
-            await self.leaf_nc.jetstream(domain=subjects.HUB_DOMAIN, timeout=1.0).account_info()
-            return True
-        except Exception:
-            return False
-
-    async def close(self) -> None:
-        for part in ("link", "fleet"):
-            if hasattr(self, part):
-                await getattr(self, part).stop()
-        if hasattr(self, "leaf_nc"):
-            await close_quietly(self.leaf_nc)
-        if hasattr(self, "region"):
-            await self.region.close()
-        for part in ("proxy",):
-            if hasattr(self, part):
-                await self.proxy.close()
-        for part in ("leaf", "hub"):
-            if hasattr(self, part):
-                getattr(self, part).stop()
-
-    async def submit(self, n: int, seconds: float, tag: str) -> list[str]:
-        c = self.region.client
-        return [
-            await c.submit(
-                {
-                    "name": f"{tag}-{i}",
-                    "tasks": [
-                        {
-                            "role": "w",
-                            "resources": {"cpu": "0.1"},
-                            "simulate": {"duration": f"{seconds}s"},
-                        }
-                    ],
-                }
-            )
-            for i in range(n)
-        ]
-
-    async def hub_history(self, jobs: list[str]) -> collections.Counter:
-        """(task, attempt, state) of every agent-reported transition in the hub's view."""
-        seen: collections.Counter = collections.Counter()
-        for j in jobs:
-            for t in (await self.region.client.job(j))["task_list"]:
-                for h in t["history"]:
-                    if h["state"] in ("RUNNING", "SUCCEEDED", "FAILED"):
-                        seen[(t["task_id"], h["attempt"], h["state"])] += 1
-        return seen
-
-    async def all_succeeded(self, jobs: list[str]) -> bool:
-        for j in jobs:
-            if (await self.region.client.job(j))["state"] != "SUCCEEDED":
-                return False
-        return True
 
 
 @pytest.fixture
@@ -201,7 +75,7 @@ CUTS = {
 async def test_a_cut_site_loses_nothing_and_runs_nothing_twice(site, kind):
     before = await site.submit(4, 1.5, "before")
     await eventually(
-        lambda: sum(1 for _, t, _ in site.fleet.ran) >= 4 and site.link.counters.backlog == 0,
+        lambda: len(site.fleet.ledger()) >= 4 and site.link.counters.backlog == 0,
         timeout=15,
     )
     cut_at = time.monotonic()
@@ -212,9 +86,9 @@ async def test_a_cut_site_loses_nothing_and_runs_nothing_twice(site, kind):
         await eventually(
             lambda: any(t > cut_at and not u.reachable for t, u in site.uplinks), timeout=10
         )
-        await eventually(lambda: not_linked(site), timeout=10)
+        await eventually(lambda: site.unlinked(), timeout=10)
     elif kind in CUTS:
-        await eventually(lambda: not_linked(site), timeout=10)
+        await eventually(lambda: site.unlinked(), timeout=10)
     # Submitted while the site is cut off: the hub places them; their assignments wait in
     # the region's stream until the link is back.
     during = await site.submit(3, 1.0, "during")
@@ -255,17 +129,15 @@ async def test_a_cut_site_loses_nothing_and_runs_nothing_twice(site, kind):
     assert all(n == 1 for n in history.values()), (
         f"logged twice: {[k for k, n in history.items() if n > 1]}"
     )
-    tasks = collections.Counter(t for _, t, _ in site.fleet.ran)
+    runs = site.fleet.ledger()
+    tasks = started_tasks(runs)
     assert len(tasks) == len(jobs) and all(n == 1 for n in tasks.values()), tasks
+    assert count_duplicates(runs).total == 0, count_duplicates(runs)
     # (fleet.counts["duplicates"] counts redeliveries its guard refused, e.g. after the
     # hub was killed before an assignment's ack was stored: deliveries, not runs.)
     assert site.link.counters.forwarded > 0  # messages (an event, or a node's batch of them)
     if kind in CUTS:
         assert site.proxy.stats.bytes_up > 0 and site.proxy.stats.bytes_down > 0
-
-
-async def not_linked(site: Site) -> bool:
-    return not await site.linked()
 
 
 async def test_a_real_site_agent_process_runs_through_a_cut(tmp_path, procs):
@@ -305,7 +177,7 @@ async def test_a_real_site_agent_process_runs_through_a_cut(tmp_path, procs):
         )
         await eventually(lambda: state_of(c, job, "RUNNING"), timeout=15)
         site.proxy.cut()
-        await eventually(lambda: not_linked(site), timeout=10)
+        await eventually(lambda: site.unlinked(), timeout=10)
         await asyncio.sleep(2.0)  # it ends while the site is cut off
         stored = (await site.leaf_nc.jetstream().stream_info(site.link.stream)).state
         assert stored.messages >= 1  # its SUCCEEDED waits at the site
