@@ -755,6 +755,7 @@ API_TARGETS: dict[str, type | None] = {
     "node.get": NodeRef,
     "cluster.info": None,
     "region.list": None,
+    "site.list": None,
     "pool.apply": PoolApplyRequest,
     "pool.list": None,
     "pool.get": PoolRef,
