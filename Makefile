@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(VENV)/bin/mesh demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[test,bench]'
