@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
+import ssl
 import subprocess
 import sys
+import time
 
 import nats.errors
 import pytest
@@ -236,3 +239,77 @@ async def test_only_a_site_certificate_opens_a_leaf_link(tmp_path, certs, hub):
         await connect(
             hub.url, name="site-as-client", tls=tls(certs, Identity.site(SITE)), reconnect=False
         )
+
+
+class RogueLeaf:
+    """A hand-made leaf connection with the site's certificate, speaking the leafnode
+    protocol itself: a real leaf obeys the permissions the hub sends it (so nothing
+    forbidden ever leaves it), and this one does not, to show the hub's own check."""
+
+    def __init__(self, certs, hub: EmbeddedServer) -> None:
+        t = tls(certs, Identity.site(SITE))
+        ctx = ssl.create_default_context(cafile=t.ca)
+        ctx.load_cert_chain(t.cert, t.key)
+        raw = socket.create_connection(("127.0.0.1", hub.config.leaf_port), timeout=5)
+        assert raw.recv(65536).startswith(b"INFO")  # before TLS: the hub's first INFO
+        self.sock = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+        self.send(b'CONNECT {"tls_required":true,"name":"rogue","headers":true}\r\n')
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def alive(self) -> bool:
+        """PING answered with PONG (skipping what else the hub sent)."""
+        self.send(b"PING\r\n")
+        got = b""
+        deadline = time.monotonic() + 3
+        while b"PONG" not in got and time.monotonic() < deadline:
+            try:
+                chunk = self.sock.recv(65536)
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            got += chunk
+        return b"PONG" in got
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+ADMIN = "STREAM.DELETE.MESH_ASSIGN_default"
+
+
+@pytest.mark.parametrize(
+    ("frame", "violation"),
+    [
+        # another node's assignment, the job log
+        (
+            b"LMSG mesh.default.assign.e2 3\r\nrun\r\n",
+            'Publish Violation on "mesh.default.assign.e2"',
+        ),
+        (b"LMSG mesh.default.log 1\r\nx\r\n", 'Publish Violation on "mesh.default.log"'),
+        # an admin call through the hub's domain (logged as the hub maps it)
+        (
+            f"LMSG $JS.hub.API.{ADMIN} _INBOX.site.s1.x 2\r\n{{}}\r\n".encode(),
+            f'Publish Violation on "$JS.API.{ADMIN}"',
+        ),
+        # another region's subjects, another node's assignments
+        (b"LS+ mesh.us.state.n1\r\n", 'Subscription Violation on "mesh.us.state.n1"'),
+        (b"LS+ mesh.default.assign.e2\r\n", 'Subscription Violation on "mesh.default.assign.e2"'),
+    ],
+)
+async def test_the_hub_cuts_a_leaf_that_oversteps(certs, hub, frame, violation):
+    """What a well-behaved leaf never sends (test above), the hub refuses itself: the
+    site's own heartbeat and hub probe are accepted, then the forbidden frame closes
+    the link with nats-server's permission violation."""
+    rogue = await asyncio.to_thread(RogueLeaf, certs, hub)
+    try:
+        rogue.send(b"LMSG mesh.default.state.e1 2\r\n{}\r\n")
+        rogue.send(b"LMSG $JS.hub.API.INFO _INBOX.site.s1.x 2\r\n{}\r\n")
+        assert await asyncio.to_thread(rogue.alive)
+        rogue.send(frame)
+        assert not await asyncio.to_thread(rogue.alive)
+        assert violation in hub.log_tail(20000)
+    finally:
+        rogue.close()
