@@ -313,3 +313,22 @@ async def test_the_hub_cuts_a_leaf_that_oversteps(certs, hub, frame, violation):
         assert violation in hub.log_tail(20000)
     finally:
         rogue.close()
+
+
+def test_mesh_up_hub_accepts_sites(tmp_path):
+    """`mesh up --leafnodes PORT --site-nodes S=...`: the same leafnodes block and site
+    user as nats-conf's, the site's certificate made with the others."""
+    from mesh.cli.launcher import LocalMesh, LocalMeshConfig
+
+    mesh = LocalMesh(
+        LocalMeshConfig(
+            state_dir=tmp_path / "up", real_agent=False, leaf_port=0, site_nodes=("s3=e3",)
+        )
+    )
+    (cfg,) = mesh._server_configs()
+    text = cfg.render()
+    leaf = text.split("leafnodes {")[1].split("\n}")[0]
+    assert "verify_and_map: true" in leaf and 'domain: "hub"' in text
+    site = next(line for line in text.splitlines() if '"CN=site:s3"' in line)
+    assert '"mesh.default.state.e3"' in site and '["LEAFNODE"]' in site
+    assert (mesh.certs_dir / "site-s3.crt").exists()
