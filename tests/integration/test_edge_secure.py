@@ -332,3 +332,16 @@ def test_mesh_up_hub_accepts_sites(tmp_path):
     site = next(line for line in text.splitlines() if '"CN=site:s3"' in line)
     assert '"mesh.default.state.e3"' in site and '["LEAFNODE"]' in site
     assert (mesh.certs_dir / "site-s3.crt").exists()
+
+
+def test_mesh_edge_up_without_the_sites_certificate_is_a_usage_error(tmp_path, capsys):
+    """A secure site whose directory lacks site-S.crt stops at once, saying which file
+    and how to make it; nothing is started."""
+    from mesh.cli.main import main
+
+    d = tmp_path / "certs"
+    pki.init(d)
+    argv = ["--certs", str(d), "edge", "up", "--site", "s9", "--hub", "nats-leaf://h:7422"]
+    assert main([*argv, "--node-id", "e9"]) == 2
+    err = capsys.readouterr().err
+    assert "site-s9.crt is missing" in err and "mesh certs issue" in err
