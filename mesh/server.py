@@ -68,6 +68,11 @@ class UserPermission:
     publish: list[str]
     subscribe: list[str]
     allow_responses: bool = False
+    # nats-server's `allowed_connection_types` (e.g. ("STANDARD",) or ("LEAFNODE",)):
+    # with `verify_and_map` on the hub's leafnodes listener too, a certificate maps to
+    # its user on either port, so each user is tied to the one it belongs on (an
+    # agent's certificate must not open a leaf link, nor a site's a client connection).
+    connection_types: tuple[str, ...] = ()
 
 
 def _q(value: str) -> str:
@@ -110,7 +115,12 @@ def _render_users(users: list[UserPermission]) -> str:
         perms = f"publish: {{allow: [{pub}]}}, subscribe: {{allow: [{sub}]}}"
         if u.allow_responses:
             perms += ", allow_responses: true"
-        entries.append(f"    {{user: {_q(u.user)}, permissions: {{{perms}}}}}")
+        types = ""
+        if u.connection_types:
+            types = (
+                ", allowed_connection_types: [" + ", ".join(_q(t) for t in u.connection_types) + "]"
+            )
+        entries.append(f"    {{user: {_q(u.user)}, permissions: {{{perms}}}{types}}}")
     return "authorization {\n  users: [\n" + "\n".join(entries) + "\n  ]\n}"
 
 
@@ -152,7 +162,9 @@ class ServerConfig:
     # JetStream apart from the hub's, each reached through `nc.jetstream(domain=...)`.
     domain: str | None = None
     # A hub server accepts leaf connections here (port 0 with `leaf_listen`: chosen
-    # free); with `tls` set, a leaf must present a certificate from the same CA.
+    # free); with `tls` set, a leaf must present a certificate from the same CA, and
+    # with `tls.verify_and_map` that certificate is mapped to its user in `users` (a
+    # site's, `CN=site:S`), whose permissions bound what crosses the link.
     leaf_listen: bool = False
     leaf_port: int = 0
     leaf_host: str | None = None  # None: `host`
@@ -236,7 +248,10 @@ class ServerConfig:
 
     def _render_leafnodes(self) -> str:
         """The `leafnodes` block: a hub listens (verifying the leaf's certificate when
-        the server has TLS), a site's leaf dials its remotes (with its client files)."""
+        the server has TLS, and mapping it to its user with `verify_and_map`: no
+        leafnodes `authorization` block, whose users carry no permissions, so
+        nats-server looks the certificate up in the server's `authorization.users`),
+        a site's leaf dials its remotes (with its client files)."""
         body = ""
         if self.leaf_listen:
             body += f'  listen: "{self.leaf_host or self.host}:{self.leaf_port}"\n'
@@ -247,8 +262,9 @@ class ServerConfig:
                 body += (
                     "  tls {\n"
                     f"    cert_file: {_q(t.cert)}\n    key_file: {_q(t.key)}\n"
-                    f"    ca_file: {_q(t.ca)}\n    timeout: {t.timeout}\n    verify: true\n"
-                    "  }\n"
+                    f"    ca_file: {_q(t.ca)}\n    timeout: {t.timeout}\n"
+                    + ("    verify_and_map: true\n" if t.verify_and_map else "    verify: true\n")
+                    + "  }\n"
                 )
         if self.leaf_reconnect:
             body += f"  reconnect: {_q(self.leaf_reconnect)}\n"

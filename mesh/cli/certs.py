@@ -2,7 +2,7 @@
 
     mesh certs init DIR [--host NAME ...]       CA, server, coordinator, user admin, signing keys
     mesh certs issue [DIR] --agent NODE         one client certificate (or --user NAME,
-                                                --fleet PREFIX, --coordinator)
+                                                --fleet PREFIX, --coordinator, --site S)
     mesh certs list [DIR]                       the identities DIR holds certificates for
     mesh certs bundle [DIR] --agent NODE        one node's identity in one file, for
                                                 `mesh agent install --bundle FILE`
@@ -10,7 +10,9 @@
                                                 with -o FILE --reload: rewrite it and reload
                                                 the server that runs it (via its pid file);
                                                 with --gateway R=URL ...: joined to the other
-                                                regions by TLS gateways (docs/federation.md)
+                                                regions by TLS gateways (docs/federation.md);
+                                                with --leafnodes HOST:PORT: a hub edge sites'
+                                                leaves dial (--site-nodes S=NODE,...)
 
 DIR defaults to --certs / $MESH_CERTS / the `mesh up` context.
 """
@@ -60,6 +62,12 @@ def add_parser(sub: Any) -> None:
     who.add_argument("--fleet", metavar="PREFIX", help="a hollow fleet (nodes PREFIX-NNNN)")
     who.add_argument("--coordinator", action="store_true", help="the coordinators")
     who.add_argument(
+        "--site",
+        metavar="S",
+        help="edge site S's leaf server (its link to the hub, and its own client port: "
+        "--host names the site machine)",
+    )
+    who.add_argument(
         "--gateway",
         action="store_true",
         help="the servers' certificate towards each other (gateways, routes: "
@@ -69,7 +77,8 @@ def add_parser(sub: Any) -> None:
         "--host",
         action="append",
         default=[],
-        help="with --gateway: a DNS name the servers' gateways or routes are reached by",
+        help="with --gateway: a DNS name the servers' gateways or routes are reached by; "
+        "with --site: a name or address the site's leaf is reached by (besides loopback)",
     )
     ls = certs.add_parser("list", help="the identities with certificates in DIR")
     ls.add_argument("dir", nargs="?")
@@ -118,6 +127,20 @@ def add_parser(sub: Any) -> None:
         default=[],
         metavar="PREFIX=N",
         help="fleet PREFIX speaks for nodes PREFIX-0000 .. PREFIX-(N-1)",
+    )
+    conf.add_argument(
+        "--leafnodes",
+        metavar="[HOST:]PORT",
+        help="accept edge sites' leaf connections here (TLS, each leaf's certificate mapped "
+        "to its site:S identity); makes this server's JetStream domain 'hub'",
+    )
+    conf.add_argument(
+        "--site-nodes",
+        action="append",
+        default=[],
+        metavar="S=NODE,NODE",
+        help="site S's leaf speaks for these nodes (their heartbeats, events, assignment "
+        "consumers); a site not named may only beat",
     )
     conf.add_argument(
         "-o",
@@ -178,7 +201,32 @@ def _identity(args: argparse.Namespace) -> Identity:
         return Identity.user(args.user)
     if args.fleet is not None:
         return Identity.fleet(args.fleet)
+    if args.site is not None:
+        return Identity.site(args.site)
     return Identity.coordinator()
+
+
+def site_nodes(items: Sequence[str]) -> dict[str, list[str]]:
+    """`--site-nodes S=a,b ...` -> {site: [node, ...]}; a site named twice adds up."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        site, sep, nodes = item.partition("=")
+        names = [n.strip() for n in nodes.split(",") if n.strip()]
+        if not sep or not names:
+            raise IdentityError(f"--site-nodes {item!r}: expected SITE=NODE[,NODE...]")
+        Identity.site(site)
+        for n in names:
+            Identity.agent(n)  # a node id is a single token
+        out.setdefault(site, []).extend(names)
+    return out
+
+
+def leaf_listen(text: str) -> tuple[str, int]:
+    """`--leafnodes PORT` or `HOST:PORT` -> (host, port); a port alone listens on every
+    interface (leaves dial in from their sites)."""
+    if text.isdigit():
+        text = f"0.0.0.0:{text}"
+    return gateways.host_port(text, "--leafnodes")
 
 
 def fleet_node_ids(prefix: str, count: int) -> list[str]:
@@ -218,6 +266,8 @@ class NatsConf:
             )
             if self.made_gateway_cert:
                 text += "; made gateway.crt (copy it and gateway.key to every server)"
+        if c.leaf_listen:
+            text += f"; leafnodes on {c.leaf_host}:{c.leaf_port} (TLS, JetStream domain {c.domain})"
         return text
 
 
@@ -230,6 +280,8 @@ def nats_conf(
     pid_file: str | None = None,
     fleet_nodes: Sequence[str] = (),
     federation: Federation | None = None,
+    leafnodes: str | None = None,
+    sites: Sequence[str] = (),
 ) -> NatsConf:
     """The region's server config from the certificate directory: one user per identity
     with a certificate there (so issuing a certificate and regenerating adds it). With
@@ -250,9 +302,13 @@ def nats_conf(
         port=port,
         store_dir=store,
         tls=TlsFiles(str(Path(ca).resolve()), str(Path(cert).resolve()), str(Path(key).resolve())),
-        users=server_users(region, idents, fleets=fleets),
+        users=server_users(region, idents, fleets=fleets, sites=site_nodes(sites)),
         extra_conf=f"pid_file: {_quote(pid)}",
     )
+    if leafnodes is not None:
+        cfg.leaf_listen = True
+        cfg.leaf_host, cfg.leaf_port = leaf_listen(leafnodes)
+        cfg.domain = subjects.HUB_DOMAIN
     made = federation is not None and _join(cfg, certs_dir, region, federation)
     return NatsConf(cfg, region, pid, idents, made)
 
@@ -360,6 +416,8 @@ def _nats_conf(args: argparse.Namespace, d: str, region: str) -> int:
         pid_file=args.pid_file,
         fleet_nodes=args.fleet_nodes,
         federation=_federation(args),
+        leafnodes=args.leafnodes,
+        sites=args.site_nodes,
     )
     _say_missing_dirs(conf)
     if args.out_file:
@@ -433,10 +491,8 @@ def run(args: argparse.Namespace, certs_flag: str | None, region: str) -> int:
                 crt = pki.ensure_gateway(d, args.host)
                 print(f"{crt} (and {pki.GATEWAY_KEY}): the servers' gateways and routes")
                 return 0
-            if args.host:
-                raise pki.CertError("--host is for --gateway (client certificates name no host)")
             ident = _identity(args)
-            crt = pki.issue(d, ident)
+            crt = pki.issue(d, ident, args.host)
             print(f"{crt} (and {ident.key_path(d).name}): {ident}")
             return 0
         if args.certs_cmd == "list":

@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.service import default_node_id
+from mesh import subjects
 from mesh.cli import infer
-from mesh.cli.certs import fleet_node_ids
+from mesh.cli.certs import fleet_node_ids, site_nodes
 from mesh.cli.context import DEFAULT_USER, Context
 from mesh.cli.tether import Reaper, death_signal_preexec
 from mesh.client import MeshClient
@@ -72,6 +73,12 @@ class LocalMeshConfig:
     start_sim_nodes: bool = True
     fleet_prefix: str = FLEET_PREFIX  # the hollow nodes are PREFIX-0000, ...
     certs_dir: Path | None = None  # secure: where the CA is (default state_dir/certs)
+    # Edge sites (edge/README.md): the first server accepts leaf connections on this
+    # port (0: free; None: none) and every server's JetStream is the domain "hub";
+    # `site_nodes` ("S=NODE,NODE") names each site's nodes, and each site named gets its
+    # `site:S` certificate (`mesh edge up --certs` presents it).
+    leaf_port: int | None = None
+    site_nodes: tuple[str, ...] = ()
 
 
 class LocalMesh:
@@ -127,6 +134,7 @@ class LocalMesh:
             wanted += [Identity.agent(self.node_id), Identity.worker(self.node_id)]
         if c.sim_nodes:
             wanted.append(Identity.fleet(c.fleet_prefix))
+        wanted += [Identity.site(s) for s in site_nodes(c.site_nodes)]
         return wanted
 
     def _prepare_certs(self) -> TlsFiles:
@@ -171,9 +179,27 @@ class LocalMesh:
             return None, []
         tls = self._prepare_certs()
         fleets = {c.fleet_prefix: fleet_node_ids(c.fleet_prefix, c.sim_nodes)}
-        return tls, server_users(c.region, pki.identities(self.certs_dir), fleets=fleets)
+        return tls, server_users(
+            c.region, pki.identities(self.certs_dir), fleets=fleets, sites=site_nodes(c.site_nodes)
+        )
 
     def _server_configs(self) -> list[ServerConfig]:
+        configs = self._region_configs()
+        if self.config.leaf_port is not None:
+            for cfg in configs:
+                cfg.domain = subjects.HUB_DOMAIN
+            configs[0].leaf_listen = True
+            configs[0].leaf_port = self.config.leaf_port
+        return configs
+
+    @property
+    def leaf_url(self) -> str | None:
+        """Where edge sites' leaves dial (once started with `leaf_port`)."""
+        if not self.servers or not self.servers[0].config.leaf_listen:
+            return None
+        return self.servers[0].leaf_url
+
+    def _region_configs(self) -> list[ServerConfig]:
         c = self.config
         tls, users = self._tls_and_users()
         n = c.nats_servers

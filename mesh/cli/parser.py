@@ -123,6 +123,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="no TLS, no certificates, no permissions (development)",
     )
     up.add_argument(
+        "--leafnodes",
+        type=int,
+        metavar="PORT",
+        help="accept edge sites' leaf connections on PORT (loopback; 0: any free port); "
+        "the region's JetStream becomes the domain 'hub' (edge/README.md)",
+    )
+    up.add_argument(
+        "--site-nodes",
+        action="append",
+        default=[],
+        metavar="S=NODE,NODE",
+        help="with --leafnodes: site S (its certificate made, site:S) speaks for these nodes",
+    )
+    up.add_argument(
         "--nats-cluster",
         type=int,
         default=1,

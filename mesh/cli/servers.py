@@ -25,6 +25,7 @@ def up(args: argparse.Namespace, ctx: Context) -> int:
         from mesh.cli.federation_up import up_regions
 
         return up_regions(args, ctx)
+    from mesh.cli.certs import site_nodes
     from mesh.cli.launcher import LocalMesh, LocalMeshConfig
 
     state_dir = Path(args.state_dir) if args.state_dir else mesh_home() / "up"
@@ -40,8 +41,18 @@ def up(args: argparse.Namespace, ctx: Context) -> int:
             secure=not (args.insecure or args.up_insecure),
             nats_servers=args.nats_cluster,
             inference_workers=args.inference_workers,
+            leaf_port=args.leafnodes,
+            site_nodes=tuple(args.site_nodes),
         )
     )
+    if args.site_nodes and args.leafnodes is None:
+        print("mesh up: --site-nodes needs --leafnodes PORT", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        site_nodes(args.site_nodes)
+    except ValueError as exc:
+        print(f"mesh up: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if args.inference_workers < 0 or (args.inference_workers and args.no_agent):
         print(
             "mesh up: --inference-workers must be 0 or more, and needs this machine's agent "
@@ -66,6 +77,11 @@ def up(args: argparse.Namespace, ctx: Context) -> int:
             f"{info['nodes'].get('ready', 0)} nodes, "
             f"{'TLS, certificates in ' + str(mesh.certs_dir) if mesh.certs_dir else 'INSECURE'})"
         )
+        if mesh.leaf_url:
+            print(
+                f"edge sites: leaf connections at {mesh.leaf_url} (JetStream domain "
+                f"{subjects.HUB_DOMAIN}); `mesh edge up --site S --hub {mesh.leaf_url}`"
+            )
         if inference_job is not None:
             print(
                 f"inference: router up; model {infer.DEFAULT_MODEL} served by "

@@ -11,6 +11,13 @@ server maps it to (`verify_and_map`) is `CN=<common name>`:
 | a user NAME       | `user:NAME`    | user-NAME.crt, user-NAME.key     | `_INBOX.user.NAME`    |
 | inference router  | `router:NAME`  | router-NAME.crt, router-NAME.key | `_INBOX.router.NAME`  |
 | inference workers | `worker:NAME`  | worker-NAME.crt, worker-NAME.key | `_INBOX.worker.NAME`  |
+| an edge site S    | `site:S`       | site-S.crt, site-S.key           | `_INBOX.site.S`       |
+
+A `site` identity is a leaf server's, not a client's: the hub maps the certificate the
+site's leaf presents on its leafnode link to `CN=site:S`, and that user's permissions
+bound everything that crosses the link (docs/security.md, "Edge sites"). The same
+certificate is the leaf's server certificate towards the site's own agents, so it
+names hosts too (`mesh certs issue --site S --host NAME`).
 
 A `worker` identity is not a process's own: an agent holds one (`mesh agent
 --task-identity DIR`, named after its node by default) and hands its files to the tasks
@@ -30,7 +37,8 @@ from mesh import subjects
 
 AGENT, FLEET, USER, COORDINATOR = "agent", "fleet", "user", "coordinator"
 ROUTER, WORKER = "router", "worker"  # inference: the router, and the workers agents run
-KINDS = (AGENT, FLEET, USER, COORDINATOR, ROUTER, WORKER)
+SITE = "site"  # an edge site's leaf server (its leafnode link to the hub)
+KINDS = (AGENT, FLEET, USER, COORDINATOR, ROUTER, WORKER, SITE)
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
 SERVER_CERT, SERVER_KEY = "server.crt", "server.key"
 
@@ -81,9 +89,13 @@ class Identity:
         return cls(WORKER, name)
 
     @classmethod
+    def site(cls, name: str) -> Identity:
+        return cls(SITE, name)
+
+    @classmethod
     def parse(cls, common_name: str) -> Identity:
-        """`coordinator`, `agent:NODE`, `fleet:PREFIX`, `user:NAME`, `router:NAME` or
-        `worker:NAME`."""
+        """`coordinator`, `agent:NODE`, `fleet:PREFIX`, `user:NAME`, `router:NAME`,
+        `worker:NAME` or `site:S`."""
         if common_name == COORDINATOR:
             return cls.coordinator()
         kind, sep, name = common_name.partition(":")

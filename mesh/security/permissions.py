@@ -22,6 +22,17 @@ and send `job.submit` to any region's API (`mesh.*.api.job.submit`: a submission
 spec names other regions is made in the first); everyone else keeps their own region's
 subjects only.
 
+Edge sites (edge/README.md): a `site` identity is the leaf server's own, and its
+permissions are what may cross the leaf link, in the site's direction: publish = what
+the site may send into the region, subscribe = what the region delivers to the site
+(nats-server swaps them internally on the hub's side of the link; the tests check the
+direction). It speaks for the nodes it is configured with (`site_nodes`), as a fleet
+does: their heartbeats, their forwarded events, their agents' assignment consumers and
+stream checks through `$JS.hub.API`, their acks, their inboxes and log requests, and
+the site's own beat, hub probe (`$JS.hub.API.INFO`) and inbox. Site users may only open
+leaf connections and every other identity only client connections
+(`allowed_connection_types`), so an agent's certificate cannot open a leaf link.
+
 Inference (docs/inference_deploy.md): a `router` takes client requests and sends batches
 to workers; a `worker` (the identity an agent hands to the inference tasks it runs)
 announces itself and answers batches. Neither may touch the API, JetStream, node state
@@ -39,6 +50,7 @@ from mesh.security.identity import (
     COORDINATOR,
     FLEET,
     ROUTER,
+    SITE,
     USER,
     WORKER,
     Identity,
@@ -47,6 +59,11 @@ from mesh.security.identity import (
 from mesh.server import UserPermission
 
 JS_API = "$JS.API"
+# How a site's leaf reaches the hub's JetStream: the hub (domain `hub`) maps
+# `$JS.hub.API.>` to its own `$JS.API.>`, and a leaf's message crosses the link under
+# the subject its client sent, so a site's rights name the domain's prefix.
+HUB_JS_API = f"$JS.{subjects.HUB_DOMAIN}.API"
+LEAFNODE, STANDARD = "LEAFNODE", "STANDARD"  # nats-server's allowed_connection_types
 JS_ACK = "$JS.ACK"
 JS_FLOW_CONTROL = "$JS.FC.>"
 SERVICE_DISCOVERY = "$SRV.>"  # nats micro: PING/INFO/STATS
@@ -125,9 +142,48 @@ def _consumer_calls(stream: str, consumer: str, filter_subject: str | None) -> l
     ]
 
 
-def permissions(region: str, identity: Identity, *, fleet_nodes: Sequence[str] = ()) -> Permissions:
+def _site(r: str, site: str, nodes: Sequence[str], inbox: str) -> Permissions:
+    """What crosses a site's leaf link (module docstring). Its agents' JetStream calls
+    go to the hub's domain, so they are the agent's own consumer calls under
+    `$JS.hub.API`; acks and the events the link forwards keep their plain subjects."""
+    stream = subjects.assign_stream(r)
+    hub = [
+        c.replace(JS_API, HUB_JS_API, 1)
+        for n in nodes
+        for c in _consumer_calls(stream, subjects.agent_consumer(n), subjects.assign(r, n))
+        if c.startswith(JS_API)
+    ]
+    acks = [f"{JS_ACK}.{stream}.{subjects.agent_consumer(n)}.>" for n in nodes]
+    streams = [c.replace(JS_API, HUB_JS_API, 1) for c in _ensure_streams(r)] if nodes else []
+    return Permissions(
+        publish=(
+            subjects.site_beat(r, site),
+            f"{HUB_JS_API}.INFO",  # the link's probe of the region (account_info)
+            *(subjects.state(r, n) for n in nodes),
+            *(subjects.events(r, n) for n in nodes),  # the link forwards them
+            *hub,
+            *acks,
+            *streams,
+        ),
+        subscribe=(
+            inbox,
+            *(f"{Identity.agent(n).inbox_prefix}.>" for n in nodes),
+            *(subjects.task_logs(r, n) for n in nodes),
+        ),
+        allow_responses=bool(nodes),  # its agents answer log requests
+    )
+
+
+def permissions(
+    region: str,
+    identity: Identity,
+    *,
+    fleet_nodes: Sequence[str] = (),
+    site_nodes: Sequence[str] = (),
+) -> Permissions:
     """The permissions of `identity` in `region`. A fleet speaks for `fleet_nodes`,
-    each of which must be named `<prefix>-...` (hollow nodes are)."""
+    each of which must be named `<prefix>-...` (hollow nodes are); a site for
+    `site_nodes` (any names: a site's machines are named by their operators)."""
     # Not `fed`: that region's subjects would be the federation's (a user could publish
     # summaries).
     r = subjects.region_token(region)
@@ -165,6 +221,9 @@ def permissions(region: str, identity: Identity, *, fleet_nodes: Sequence[str] =
             ),
             subscribe=(inbox,),
         )
+    if identity.kind == SITE:
+        nodes = [subjects.token(n, "node id") for n in dict.fromkeys(site_nodes)]
+        return _site(r, identity.name, nodes, inbox)
     if identity.kind == USER:
         return Permissions(
             publish=(
@@ -226,17 +285,29 @@ def server_users(
     identities: Iterable[Identity],
     *,
     fleets: Mapping[str, Sequence[str]] | None = None,
+    sites: Mapping[str, Sequence[str]] | None = None,
 ) -> list[UserPermission]:
     """The `authorization.users` of a region's servers: one per identity, named as
     `verify_and_map` names a client presenting that identity's certificate. `fleets`
-    maps a fleet prefix to the node ids it speaks for (none if absent)."""
-    fleets = fleets or {}
+    maps a fleet prefix to the node ids it speaks for, `sites` a site to its nodes
+    (none if absent). A site's user may only open a leaf connection, every other only
+    a client connection."""
+    fleets, sites = fleets or {}, sites or {}
     out = []
     for ident in dict.fromkeys(identities):
         p = permissions(
-            region, ident, fleet_nodes=fleets.get(ident.name, ()) if ident.kind == FLEET else ()
+            region,
+            ident,
+            fleet_nodes=fleets.get(ident.name, ()) if ident.kind == FLEET else (),
+            site_nodes=sites.get(ident.name, ()) if ident.kind == SITE else (),
         )
         out.append(
-            UserPermission(ident.user_name, list(p.publish), list(p.subscribe), p.allow_responses)
+            UserPermission(
+                ident.user_name,
+                list(p.publish),
+                list(p.subscribe),
+                p.allow_responses,
+                (LEAFNODE,) if ident.kind == SITE else (STANDARD,),
+            )
         )
     return out

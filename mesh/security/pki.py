@@ -26,6 +26,7 @@ from mesh.security.identity import (
     CA_KEY,
     SERVER_CERT,
     SERVER_KEY,
+    SITE,
     Identity,
     IdentityError,
 )
@@ -179,11 +180,23 @@ def init(
     return written
 
 
-def issue(certs_dir: str | Path, identity: Identity) -> Path:
-    """One client certificate (and key) for `identity`, signed by the directory's CA."""
+def issue(
+    certs_dir: str | Path, identity: Identity, hosts: list[str] | tuple[str, ...] = ()
+) -> Path:
+    """One client certificate (and key) for `identity`, signed by the directory's CA.
+    A site's is also its leaf's server certificate towards the site's agents, so it is
+    good for both ends and names loopback and `hosts`; other identities name no host."""
     d = Path(certs_dir)
     if not isinstance(identity, Identity):
         raise IdentityError(f"not an identity: {identity!r}")
+    for h in hosts:
+        if not h or any(c.isspace() for c in h):
+            raise CertError(f"bad host name {h!r}")
+    if identity.kind == SITE:
+        names = [*DEFAULT_HOSTS, *hosts]
+        return _issue_leaf(d, identity.stem, identity.common_name, server_hosts=names, peer=True)
+    if hosts:
+        raise CertError("--host is for --gateway and --site (client certificates name no host)")
     return _issue_leaf(d, identity.stem, identity.common_name)
 
 

@@ -78,13 +78,18 @@ async def test_leaf_client_reaches_both_domains(hub_and_leaf):
 
 
 def test_leaf_tls_blocks_render():
-    """A hub with TLS verifies the leaf's certificate; a leaf's remote presents one."""
+    """A hub with TLS verifies the leaf's certificate and maps it to its user (no
+    leafnodes authorization block: its users carry no permissions); a leaf's remote
+    presents one."""
     files = TlsFiles(ca="/c/ca.crt", cert="/c/s.crt", key="/c/s.key")
     hub = ServerConfig(
         domain="hub", leaf_listen=True, tls=files, users=[UserPermission("u", [">"], [">"])]
     )
     block = hub.render().split("leafnodes {")[1]
-    assert "verify: true" in block.split("}")[0] and '"/c/ca.crt"' in block
+    assert "verify_and_map: true" in block.split("}")[0] and '"/c/ca.crt"' in block
+    assert "authorization" not in block.split("}")[0]
+    verify_only = ServerConfig(leaf_listen=True, tls=TlsFiles("/c/ca", "/c/s", "/c/k", False))
+    assert "    verify: true" in verify_only.render().split("leafnodes {")[1]
     leaf = ServerConfig(
         leaf_remotes=["tls://hub:7422"],
         leaf_tls=files,

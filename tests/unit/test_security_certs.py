@@ -253,3 +253,32 @@ def test_a_bundle_that_is_not_one(tmp_path):
     _tar(lying, [("bundle.json", manifest, tarfile.REGTYPE)])
     with pytest.raises(bundle.BundleError):
         bundle.read(lying)
+
+
+def test_site_certificate_and_hub_leafnodes_conf(tmp_path, capsys):
+    """`certs issue --site S --host H` names hosts (the leaf serves its agents with it);
+    `nats-conf --leafnodes PORT --site-nodes S=...` makes the hub: domain hub, a leaf
+    listener mapping certificates to users, the site's user with its nodes."""
+    from cryptography import x509
+
+    d = tmp_path / "certs"
+    pki.init(d)
+    assert main(["certs", "issue", str(d), "--site", "s1", "--host", "edge.example"]) == 0
+    cert = x509.load_pem_x509_certificate((d / "site-s1.crt").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "edge.example" in san.get_values_for_type(x509.DNSName)
+    assert Identity.site("s1") in pki.identities(d)
+    capsys.readouterr()
+    argv = ["certs", "nats-conf", str(d), "--region", "eu", "--leafnodes", "7422"]
+    assert main([*argv, "--site-nodes", "s1=e1,e2"]) == 0
+    out = capsys.readouterr()
+    leaf = out.out.split("leafnodes {")[1].split("\n}")[0]
+    assert 'listen: "0.0.0.0:7422"' in leaf and "verify_and_map: true" in leaf
+    assert 'domain: "hub"' in out.out
+    site = next(line for line in out.out.splitlines() if '"CN=site:s1"' in line)
+    assert '"mesh.eu.state.e2"' in site and '["LEAFNODE"]' in site
+    assert "leafnodes on 0.0.0.0:7422" in out.err
+    assert main([*argv, "--site-nodes", "s1"]) == 2
+    assert "expected SITE=NODE" in capsys.readouterr().err
+    assert main(["certs", "issue", str(d), "--agent", "n1", "--host", "x"]) == 2
+    assert "--host is for --gateway and --site" in capsys.readouterr().err

@@ -283,3 +283,72 @@ def test_inference_identities_round_trip():
             Identity.parse(bad)
     users = {u.user: u for u in server_users(R, [W, RT])}
     assert set(users) == {"CN=worker:node-a", "CN=router:main"}
+
+
+# ---------------------------------------------------------------- edge sites
+
+SITE = Identity.site("s1")
+
+
+def test_a_site_speaks_only_for_its_nodes_across_its_link():
+    """Publish: what the site sends into the region; subscribe: what comes down."""
+    p = permissions(R, SITE, site_nodes=["e1", "e2"])
+    stream = subjects.assign_stream(R)
+    for ok in (
+        subjects.site_beat(R, "s1"),
+        subjects.state(R, "e1"),
+        subjects.events(R, "e2"),
+        "$JS.hub.API.INFO",
+        f"$JS.hub.API.CONSUMER.MSG.NEXT.{stream}.agent_e1",
+        f"$JS.hub.API.CONSUMER.CREATE.{stream}.agent_e1.{subjects.assign(R, 'e1')}",
+        f"$JS.ACK.{stream}.agent_e2.1.2.3.4.5",
+        f"$JS.hub.API.STREAM.INFO.{stream}",
+    ):
+        assert allowed(p.publish, ok), ok
+    for no in (
+        subjects.site_beat(R, "s2"),
+        subjects.state(R, "n9"),
+        subjects.events(R, "n9"),
+        subjects.assign(R, "e1"),
+        subjects.job_log(R),
+        subjects.api(R, "job.submit"),
+        f"$JS.hub.API.CONSUMER.MSG.NEXT.{stream}.agent_n9",
+        f"$JS.hub.API.CONSUMER.CREATE.{stream}.agent_e1.{subjects.assign(R, 'n9')}",
+        f"$JS.hub.API.CONSUMER.CREATE.{stream}.agent_e1",
+        f"$JS.hub.API.STREAM.DELETE.{stream}",
+        f"$JS.hub.API.STREAM.CREATE.{subjects.log_stream(R)}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.agent_e1",  # only through the hub's domain
+        f"$JS.ACK.{stream}.agent_n9.1",
+        "mesh.us.sitebeat.s1",
+    ):
+        assert not allowed(p.publish, no), no
+    for ok in ("_INBOX.site.s1.x", "_INBOX.agent.e1.y", subjects.task_logs(R, "e2")):
+        assert allowed(p.subscribe, ok), ok
+    for no in (
+        "_INBOX.agent.n9.y",
+        "_INBOX.site.s2.x",
+        subjects.assign(R, "e1"),  # assignments come down as pull deliveries to an inbox
+        subjects.state(R, "e1"),
+        subjects.job_log(R),
+        "mesh.us.state.e1",
+    ):
+        assert not allowed(p.subscribe, no), no
+    assert p.allow_responses  # its agents answer log requests
+
+
+def test_a_site_without_nodes_may_only_beat_and_probe():
+    p = permissions(R, SITE)
+    assert set(p.publish) == {subjects.site_beat(R, "s1"), "$JS.hub.API.INFO"}
+    assert p.subscribe == ("_INBOX.site.s1.>",) and not p.allow_responses
+    with pytest.raises(subjects.SubjectError):
+        permissions(R, SITE, site_nodes=["a.b"])
+
+
+def test_sites_open_leaf_links_only_and_everyone_else_client_connections():
+    users = {u.user: u for u in server_users(R, [A, SITE], sites={"s1": ["e1"]})}
+    assert users["CN=site:s1"].connection_types == ("LEAFNODE",)
+    assert users["CN=agent:node-a"].connection_types == ("STANDARD",)
+    assert subjects.state(R, "e1") in users["CN=site:s1"].publish
+    text = ServerConfig(tls=TlsFiles("/c/ca", "/c/s", "/c/k"), users=list(users.values())).render()
+    assert 'allowed_connection_types: ["LEAFNODE"]' in text
+    assert Identity.parse("site:s1") == SITE and SITE.inbox_prefix == "_INBOX.site.s1"
