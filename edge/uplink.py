@@ -7,9 +7,11 @@ that stream from its cursor and forwards each message to the region's events str
 pipelined (every publish of a window in flight together, acks awaited after), so a
 backlog of thousands goes in a second or two. The cursor moves only over what the hub
 acknowledged (`edge.cursor.advance`), is stored in the site's KV bucket, and what it
-passed is purged from the site stream. While the hub is away it tries again every
-`retry_s` (0.2 s): a link that comes back is caught up within a window's round trip,
-where NATS stream sources wait out a 10 s health check and a backoff of up to 2 min.
+passed is purged from the site stream. A window's acks share one deadline
+(`ack_timeout`): behind a dead connection it costs one timeout, not one per message.
+While the hub is away it tries again every `retry_s` (0.2 s): a link that comes back is
+caught up within a window's round trip, where NATS stream sources wait out a 10 s
+health check and a backoff of up to 2 min.
 
 Why a KV key for the cursor, not a durable consumer's ack floor: a window is acked as a
 whole and out of order; with a consumer the floor moves by the server's redelivery
@@ -17,11 +19,16 @@ rules (ack_wait, max_deliver) and a redelivered message may come after later one
 a cursor we write ourselves is exactly "everything up to here is in the hub", read
 back by a restarted link. An ephemeral consumer (no acks) reads from cursor + 1.
 
-Every second it also beats (`SiteBeat` on `subjects.site_beat`: the region tells a
-cut-off site from a dead node by it) and tells the site's own agents whether the region
-is reachable (`SiteUplink`, leaf-local; at once on a change): reachable while the hub
-answered within `reachable_s` (a forward's ack, or when idle a JetStream API call to the
-hub's domain).
+Every `beat_s` (2 s) it beats: a `SiteBeat` request on `subjects.site_beat` (the
+region tells a cut-off site from a dead node by it, and counts it as hearing the nodes
+it lists), answered by the region's leader with a few bytes. The region is reachable
+while the hub answered within `reachable_s` (2 beats + 1 s: a beat's reply or a
+forward's ack); the site's own agents are told (`SiteUplink`, leaf-local; at once on a
+change). The site's heartbeats stay at the site (`subjects.site_state`); the link
+relays a node's to the region's `subjects.state` when it changed in what the region
+acts on (`edge.cursor.ACTED_ON`) or `relay_every_s` (30 s) after the last, and each
+node's next one after the region was unreachable. So an idle site's link carries a
+beat and its reply every 2 s and a heartbeat per node every 30 s.
 """
 
 from __future__ import annotations
@@ -63,8 +70,8 @@ class LinkCounters:
 
 class SiteLink:
     """`start()` connects to the leaf (`nats_url`), ensures the site stream and the
-    cursor bucket, and runs the forwarder, the beat and the hub probe; `stop()` cancels
-    them all and closes the connection. `nc` may be passed instead of a URL (the caller
+    cursor bucket, and runs the forwarder, the beat and the heartbeat relay; `stop()`
+    cancels them all and closes the connection. `nc` may be passed instead of a URL (the caller
     keeps it)."""
 
     def __init__(
