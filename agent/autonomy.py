@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -89,11 +90,14 @@ class Uplink:
     """What the site link last said about the region (`SiteUplink`), for a site agent.
 
     Reachable until told otherwise: an agent with no site, or one whose site link has
-    not spoken yet, leaves every retry to the region as before."""
+    not spoken yet, leaves every retry to the region as before. `on_back` is called
+    when the region is reachable again (the agent kicks its assignment feed: a long
+    poll sent while cut may never be answered)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_back: Callable[[], None] | None = None) -> None:
         self.reachable = True
         self.since = 0.0
+        self.on_back = on_back
         self._sub = None
 
     async def start(self, nc, region: str, site: str) -> None:
@@ -114,9 +118,12 @@ class Uplink:
         except WireError as exc:
             log.warning("site uplink message dropped: %s", exc)
             return
+        back = up.reachable and not self.reachable
         if up.reachable != self.reachable:
             log.info("site uplink: region %s", "reachable" if up.reachable else "unreachable")
         self.reachable, self.since = up.reachable, up.since
+        if back and self.on_back is not None:
+            self.on_back()
 
 
 class Agentish(Protocol):

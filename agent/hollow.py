@@ -115,6 +115,7 @@ from dataclasses import dataclass, field, replace
 
 import msgpack
 
+from agent.autonomy import Uplink
 from agent.ledger import Run, RunBook
 from agent.link import SITE_ACK_WAIT_S, AssignmentMessage, EventPublisher, FleetFeed
 from mesh import subjects
@@ -756,6 +757,7 @@ class HollowFleet:
             self.set_gpu_background(uuid, percent)
         self.heartbeat_s = heartbeat_s
         self.feed: FleetFeed | None = None
+        self.uplink = Uplink()  # at a site: what its link says of the region
         self.events: EventPublisher | None = None
         self.started_s = 0.0  # how long start() took
         self.counts = {
@@ -811,6 +813,10 @@ class HollowFleet:
                 self._on_assignment,
                 **({"ack_wait": SITE_ACK_WAIT_S} if self.site else {}),
             )
+            if self.site:  # a long poll across the site's link, kicked when it is back
+                self.feed.wait_s = self.feed.site_wait_s
+                self.uplink.on_back = self.feed.kick
+                await self.uplink.start(self.nc, self.region, self.site)
             await self.feed.start()
         except BaseException:
             await self.stop()
@@ -836,6 +842,7 @@ class HollowFleet:
         for t in self._tasks:
             await cancel_and_wait(t)
         self._tasks = []
+        await self.uplink.stop()
         if self.feed is not None:
             await self.feed.stop()
         for node in self.nodes.values():
@@ -890,8 +897,7 @@ class HollowFleet:
         period = self.heartbeat_s
         slices = max(1, min(len(nodes), round(period / HEARTBEAT_TICK_S)))
         groups = [
-            [(subjects.state(self.region, n.node_id), n) for n in nodes[i::slices]]
-            for i in range(slices)
+            [(self._state_subject(n.node_id), n) for n in nodes[i::slices]] for i in range(slices)
         ]
         step = period / slices
         due = loop.time()
@@ -913,6 +919,13 @@ class HollowFleet:
                     due = loop.time()
                 await asyncio.sleep(max(0.0, delay))
             self._forget_old()
+
+    def _state_subject(self, node_id: str) -> str:
+        """A node's heartbeat subject: at a site, site-local (the site link relays what
+        the region acts on)."""
+        if self.site:
+            return subjects.site_state(self.region, self.site, node_id)
+        return subjects.state(self.region, node_id)
 
     def _forget_old(self) -> None:
         horizon = time.monotonic() - SEEN_TTL_S

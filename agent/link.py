@@ -59,6 +59,7 @@ class _Feed:
     name = ""
     batch = 256
     wait_s = 1.0  # the long poll
+    site_wait_s = 15.0  # a site's: its pull requests cross the site's link (kicked on link-up)
     linger_s = 0.002  # how long the batch after it waits
     _pull: PullLoop | None = None
 
@@ -77,6 +78,11 @@ class _Feed:
         if self._pull is not None:
             await self._pull.stop()
             self._pull = None
+
+    def kick(self) -> None:
+        """Pull anew now (the site's link is back: a pull sent while cut may be lost)."""
+        if self._pull is not None:
+            self._pull.kick()
 
     async def _handle_all(self, msgs) -> None:
         for msg in msgs:

@@ -210,6 +210,9 @@ class Agent:
             self._on_assignment,
             **({"ack_wait": SITE_ACK_WAIT_S} if self.site else {}),
         )
+        if self.site:  # a long poll across the site's link, kicked when the link is back
+            self.feed.wait_s = self.feed.site_wait_s
+            self.runs.uplink.on_back = self.feed.kick
         await self.feed.start()
         self._tasks = [
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
@@ -368,6 +371,8 @@ class Agent:
 
     async def _heartbeat_loop(self) -> None:
         subject = subjects.state(self.region, self.node_id)
+        if self.site:  # site-local: the site link relays what the region acts on
+            subject = subjects.site_state(self.region, self.site, self.node_id)
         while True:
             try:
                 await self.nc.publish(subject, encode(self.node_state(self.probe.sample())))

@@ -25,7 +25,7 @@ Figures (reported, never asserted):
 - black-hole noticed: cut -> the hub's `site.list` says `disconnected`, and cut -> the
   site's SiteUplink says unreachable (heard on the leaf);
 - hub CPU per site: (hub nats-server + this process) CPU seconds / wall / sites, in %;
-- edge footprint, one real site: a `mesh edge up` process (agent + link) and its leaf
+- edge footprint, one real site of 4 nodes: a `mesh edge up` process (agent + link), its leaf
   nats-server, RSS summed; idle uplink bytes/s per node, from its proxy's byte counters
   over `--idle` s.
 """

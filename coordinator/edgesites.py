@@ -55,6 +55,16 @@ class SiteTracker:
             wake = True
         return wake
 
+    async def answer(self, msg) -> None:
+        """The leader answers a beat (a request) with a few bytes: the site link's proof
+        that the region is reachable, so an idle link needs no other probe. Followers
+        hear beats and stay silent (one answer per beat)."""
+        if msg.reply:
+            try:
+                await msg.respond(b"1")
+            except Exception as exc:  # the connection closing: the site beats again
+                log.debug("site beat not answered: %s", exc)
+
     def seed(self, state: RegionState) -> None:
         """Taking over: continue from the log's records where they are newer than what
         this candidate heard, and know the nodes they list as the sites'."""

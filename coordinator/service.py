@@ -60,7 +60,7 @@ class CoordinatorConfig:
     lease_ttl: float = 2.0
     suspect_after: float = 3.0
     down_after: float = 10.0
-    site_silent_s: float = 3.0  # an edge site unheard this long is disconnected
+    site_silent_s: float = 5.0  # an edge site unheard this long is disconnected (beats: 2 s)
     replicas: int = 1
     preempt_every_s: float = 0.25  # one preemption cycle this often (hysteresis counts them)
     preempt_cycles: int = 2  # cycles a pool must stay over entitlement before it is preempted
@@ -270,8 +270,11 @@ class Coordinator:
                 self.leader.wake()
 
     async def _on_beat(self, msg) -> None:
-        if self.sites.on_beat(msg.subject, msg.data) and self.leader is not None:
-            self.leader.wake()
+        wake = self.sites.on_beat(msg.subject, msg.data)
+        if self.leader is not None:
+            await self.sites.answer(msg)
+            if wake:
+                self.leader.wake()
 
     def _say_bar(self, st: NodeState) -> None:
         """A node whose verify key this coordinator cannot satisfy is logged once (and

@@ -1,5 +1,6 @@
 """The site link's decisions, pure: where its cursor goes after a window of forwards,
-which nodes a beat names, and whether the region is reachable.
+which nodes a beat names, whether the region is reachable, and whether a node's
+heartbeat goes on to the region.
 
 The cursor is the last site-stream sequence the hub's events stream acknowledged with
 every sequence before it acknowledged too. A window is sent pipelined (all at once,
@@ -14,6 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+import msgpack
+
+# What the region acts on in a heartbeat (placement, LOST, verification, the node's
+# site): a change in any of these is relayed at once; the rest (load, usage, ts) waits.
+ACTED_ON = ("tasks", "refusing", "capacity", "labels", "verify_key", "note", "site")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,3 +59,15 @@ def reachable(last_answer: float | None, now: float, within_s: float) -> bool:
     """The region is reachable while the hub answered (a forward's ack, a JetStream API
     call) within `within_s`; never answered: not reachable."""
     return last_answer is not None and now - last_answer <= within_s
+
+
+def acted_on(state: Mapping) -> bytes:
+    """The part of a heartbeat (its wire dict) the region acts on, comparable."""
+    return msgpack.packb([state.get(f) for f in ACTED_ON])
+
+
+def relay_due(last: tuple[float, bytes] | None, what: bytes, now: float, every_s: float) -> bool:
+    """Whether a node's heartbeat goes on to the region: its first, one that changed in
+    what the region acts on since the last relayed (`last`: when, `acted_on` of it), or
+    `every_s` after the last relayed."""
+    return last is None or last[1] != what or now - last[0] >= every_s

@@ -7,9 +7,11 @@ that stream from its cursor and forwards each message to the region's events str
 pipelined (every publish of a window in flight together, acks awaited after), so a
 backlog of thousands goes in a second or two. The cursor moves only over what the hub
 acknowledged (`edge.cursor.advance`), is stored in the site's KV bucket, and what it
-passed is purged from the site stream. While the hub is away it tries again every
-`retry_s` (0.2 s): a link that comes back is caught up within a window's round trip,
-where NATS stream sources wait out a 10 s health check and a backoff of up to 2 min.
+passed is purged from the site stream. A window's acks share one deadline
+(`ack_timeout`): behind a dead connection it costs one timeout, not one per message.
+While the hub is away it tries again every `retry_s` (0.2 s): a link that comes back is
+caught up within a window's round trip, where NATS stream sources wait out a 10 s
+health check and a backoff of up to 2 min.
 
 Why a KV key for the cursor, not a durable consumer's ack floor: a window is acked as a
 whole and out of order; with a consumer the floor moves by the server's redelivery
@@ -17,11 +19,16 @@ rules (ack_wait, max_deliver) and a redelivered message may come after later one
 a cursor we write ourselves is exactly "everything up to here is in the hub", read
 back by a restarted link. An ephemeral consumer (no acks) reads from cursor + 1.
 
-Every second it also beats (`SiteBeat` on `subjects.site_beat`: the region tells a
-cut-off site from a dead node by it) and tells the site's own agents whether the region
-is reachable (`SiteUplink`, leaf-local; at once on a change): reachable while the hub
-answered within `reachable_s` (a forward's ack, or when idle a JetStream API call to the
-hub's domain).
+Every `beat_s` (2 s) it beats: a `SiteBeat` request on `subjects.site_beat` (the
+region tells a cut-off site from a dead node by it, and counts it as hearing the nodes
+it lists), answered by the region's leader with a few bytes. The region is reachable
+while the hub answered within `reachable_s` (2 beats + 1 s: a beat's reply or a
+forward's ack); the site's own agents are told (`SiteUplink`, leaf-local; at once on a
+change). The site's heartbeats stay at the site (`subjects.site_state`); the link
+relays a node's to the region's `subjects.state` when it changed in what the region
+acts on (`edge.cursor.ACTED_ON`) or `relay_every_s` (30 s) after the last, and each
+node's next one after the region was unreachable. So an idle site's link carries a
+beat and its reply every 2 s and a heartbeat per node every 30 s.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from dataclasses import dataclass
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from edge.cursor import advance, heard_nodes, reachable
+from edge.cursor import acted_on, advance, heard_nodes, reachable, relay_due
 from edge.leaf import ensure_link_bucket, ensure_site_stream
 from mesh import subjects
 from mesh.codec import WireError, encode, unpack
@@ -45,6 +52,7 @@ from mesh.tasks import cancel_and_wait
 log = logging.getLogger("mesh.edge.uplink")
 
 CURSOR_KEY = "cursor"
+UNREACHABLE_BEAT_S = 0.5  # how often a link that lost its region beats, to find it again
 
 
 @dataclass
@@ -62,8 +70,8 @@ class LinkCounters:
 
 class SiteLink:
     """`start()` connects to the leaf (`nats_url`), ensures the site stream and the
-    cursor bucket, and runs the forwarder, the beat and the hub probe; `stop()` cancels
-    them all and closes the connection. `nc` may be passed instead of a URL (the caller
+    cursor bucket, and runs the forwarder, the beat and the heartbeat relay; `stop()`
+    cancels them all and closes the connection. `nc` may be passed instead of a URL (the caller
     keeps it)."""
 
     def __init__(
@@ -78,8 +86,10 @@ class SiteLink:
         window: int = 512,
         retry_s: float = 0.2,
         ack_timeout: float = 1.0,
-        beat_s: float = 1.0,
-        reachable_s: float = 3.0,
+        beat_s: float = 2.0,
+        beat_timeout: float = 1.0,
+        reachable_s: float | None = None,
+        relay_every_s: float = 30.0,
         node_window_s: float = 10.0,
         stream_bytes: int | None = None,
     ) -> None:
@@ -92,7 +102,10 @@ class SiteLink:
         self.retry_s = retry_s
         self.ack_timeout = ack_timeout
         self.beat_s = beat_s
-        self.reachable_s = reachable_s
+        self.beat_timeout = beat_timeout
+        # Two beats and a second: a reply missed once is no cut, two in a row are.
+        self.reachable_s = 2 * beat_s + 1.0 if reachable_s is None else reachable_s
+        self.relay_every_s = relay_every_s
         self.node_window_s = node_window_s
         self.stream_bytes = stream_bytes  # the site stream's bound if this creates it
         self.counters = LinkCounters()
@@ -103,6 +116,8 @@ class SiteLink:
         self._sub = None  # the reader: an ephemeral consumer from cursor + 1
         self._state_sub = None
         self._heard: dict[str, float] = {}
+        self._relayed: dict[str, tuple[float, bytes]] = {}  # node: (when, what the region acts on)
+        self.relays = 0  # heartbeats relayed to the region
         self._last_answer: float | None = None  # monotonic time the hub last answered
         self._reachable = False
         self.cut_since = 0.0  # wall time the region was last lost (0: not since start)
@@ -123,7 +138,7 @@ class SiteLink:
             self.kv = await ensure_link_bucket(self.js, self.site)
             self.cursor = await self._read_cursor()
             self._state_sub = await self.nc.subscribe(
-                subjects.state_all(self.region), cb=self._on_state
+                subjects.site_state_all(self.region, self.site), cb=self._on_state
             )
         except BaseException:
             await self.stop()
@@ -131,7 +146,6 @@ class SiteLink:
         self._tasks = [
             asyncio.create_task(self._forward_loop(), name=f"sitelink-forward:{self.site}"),
             asyncio.create_task(self._beat_loop(), name=f"sitelink-beat:{self.site}"),
-            asyncio.create_task(self._probe_loop(), name=f"sitelink-probe:{self.site}"),
         ]
         log.info("site link %s -> region %s from cursor %d", self.site, self.region, self.cursor)
 
@@ -226,9 +240,7 @@ class SiteLink:
                 headers=headers or None,
             )
             sent.append((seq, fut))
-        results = []
-        for seq, fut in sent:
-            results.append((seq, fut is None or await self._acked(fut)))
+        results = await self._acks(sent)
         if msgs:
             self.counters.backlog = msgs[-1].metadata.num_pending + sum(
                 1 for _, ok in results if not ok
@@ -243,17 +255,17 @@ class SiteLink:
                 await self.js.purge_stream(self.stream, seq=self.cursor + 1)
         return step.complete
 
-    async def _acked(self, fut: asyncio.Future) -> bool:
-        try:
-            await asyncio.wait_for(fut, self.ack_timeout)
-            return True
-        except asyncio.CancelledError:
-            if not fut.cancelled():
-                raise
-            return False
-        except Exception as exc:
-            log.debug("site link %s: not acknowledged: %r", self.site, exc)
-            return False
+    async def _acks(self, sent: list[tuple[int, asyncio.Future | None]]) -> list[tuple[int, bool]]:
+        """Every ack of a window awaited together, under one deadline (`ack_timeout`):
+        a window behind a dead connection costs one timeout, not one per message, and
+        is then sent again from the cursor. What is not acknowledged by then counts as
+        not acknowledged (its late ack, if any, is dropped)."""
+        futs = [f for _, f in sent if f is not None]
+        if futs:
+            _, pending = await asyncio.wait(futs, timeout=self.ack_timeout)
+            for f in pending:
+                f.cancel()
+        return [(seq, fut is None or _ok(fut, self.site)) for seq, fut in sent]
 
     # ------------------------------------------------------------ reachability and beats
 
@@ -267,34 +279,37 @@ class SiteLink:
             self._reachable = now
             if not now:
                 self.cut_since = time.time()
+            else:  # what was relayed while cut was lost: each node's next one goes
+                self._relayed.clear()
             log.info("site link %s: region %s", self.site, "reachable" if now else "unreachable")
             self._uplink_changed.set()
 
-    async def _probe_loop(self) -> None:
-        """When nothing was forwarded for a second, ask the hub's JetStream something
-        cheap: its answer is the region's being reachable."""
-        while True:
-            if self._last_answer is None or time.monotonic() - self._last_answer >= self.beat_s:
-                try:
-                    await self.hub_js.account_info()
-                    self._heard_hub()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    pass
-            self._note_reachability()
-            await asyncio.sleep(min(0.5, self.beat_s))
-
     async def _on_state(self, msg) -> None:
-        """A node's heartbeat heard on the leaf: one of this site's nodes if it says so."""
+        """A heartbeat of one of this site's nodes (site-local, `subjects.site_state`):
+        the node is heard, and the heartbeat goes on to the region's `subjects.state`
+        when it changed in what the region acts on (`acted_on`), or `relay_every_s`
+        after the last one relayed; in between the beat's node list keeps the node
+        alive at the region, so an idle site's heartbeats cost the link nothing."""
         try:
             state = unpack(msg.data)
         except WireError:
             return
-        if isinstance(state, dict) and state.get("site") == self.site:
-            node = state.get("node_id")
-            if subjects.is_token(node):
-                self._heard[node] = time.monotonic()
+        if not isinstance(state, dict) or state.get("site") != self.site:
+            return
+        node = state.get("node_id")
+        if not subjects.is_token(node) or msg.subject != subjects.site_state(
+            self.region, self.site, node
+        ):
+            return  # a node speaks only for itself
+        now = time.monotonic()
+        self._heard[node] = now
+        what = acted_on(state)
+        if not relay_due(self._relayed.get(node), what, now, self.relay_every_s):
+            return
+        with contextlib.suppress(Exception):  # lost while the leaf is away, as beats are
+            await self.nc.publish(subjects.state(self.region, node), msg.data)
+            self._relayed[node] = (now, what)
+            self.relays += 1
 
     def beat(self) -> SiteBeat:
         now = time.monotonic()
@@ -319,14 +334,35 @@ class SiteLink:
         )
 
     async def _beat_loop(self) -> None:
+        """Every `beat_s`, a beat as a request: the region's leader answers it with a
+        few bytes, and that answer (or a forward's ack) is the region being reachable,
+        so an idle link costs a beat and its reply, nothing else. While the region is
+        unreachable it beats every half second, so a link back is known within one."""
         while True:
-            with contextlib.suppress(Exception):  # lost while the leaf is away, as beats are
-                await self.nc.publish(
-                    subjects.site_beat(self.region, self.site), encode(self.beat())
+            with contextlib.suppress(Exception):  # no answer: the region is not reachable
+                await self.nc.request(
+                    subjects.site_beat(self.region, self.site),
+                    encode(self.beat()),
+                    timeout=self.beat_timeout,
                 )
+                self._heard_hub()
+            self._note_reachability()
+            with contextlib.suppress(Exception):  # leaf-local; lost while the leaf is away
                 await self.nc.publish(
                     subjects.site_uplink(self.region, self.site), encode(self.uplink())
                 )
             self._uplink_changed.clear()
+            wait = self.beat_s if self._reachable else min(self.beat_s, UNREACHABLE_BEAT_S)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._uplink_changed.wait(), self.beat_s)
+                await asyncio.wait_for(self._uplink_changed.wait(), wait)
+
+
+def _ok(fut: asyncio.Future, site: str) -> bool:
+    """A publish acknowledged by the hub's stream (done, not cancelled, no error)."""
+    if not fut.done() or fut.cancelled():
+        return False
+    exc = fut.exception()
+    if exc is not None:
+        log.debug("site link %s: not acknowledged: %r", site, exc)
+        return False
+    return True

@@ -22,7 +22,7 @@ NEVER = -1.0  # autonomy_s meaning "never declare this site's tasks lost"
 
 @dataclass(frozen=True, slots=True)
 class SiteBeat:
-    """A site link's beat to its region (`subjects.site_beat`), every second while the
+    """A site link's beat to its region (`subjects.site_beat`), every 2 s while the
     link is up: the region knows the site is connected while beats come, and learns
     from them how long the site may be cut off before its tasks are run elsewhere.
 
@@ -46,8 +46,9 @@ class SiteBeat:
 @dataclass(frozen=True, slots=True)
 class SiteUplink:
     """A site link's word to its own agents (`subjects.site_uplink`, on the leaf only,
-    every second): whether the region is reachable now, and since when it is not. An
-    agent that hears `reachable=False` is cut off and acts alone (restarts in place)."""
+    every beat, and at once on a change): whether the region is reachable now, and
+    since when it is not. An agent that hears `reachable=False` is cut off and acts
+    alone (restarts in place)."""
 
     site: str = wf(max_len=64)
     ts: float = wf(ge=0.0)

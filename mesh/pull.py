@@ -15,6 +15,11 @@ unread while everything else looks healthy. `PullLoop` keeps going through all o
 
 Waiting for messages is a fetch of one (a long poll of `wait_s`); whatever else is
 ready then comes in one more fetch of up to `batch - 1` that waits `linger_s` at most.
+`kick()` ends the wait at once and pulls anew: a site agent's long poll is long (its
+pull requests cross the site's link), and one sent while the link was cut may never be
+answered, so it is kicked when the link is back. A message the abandoned pull brings
+later waits in the subscription's queue for the next fetch, or is redelivered after
+the consumer's ack_wait.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ class PullLoop:
         self.subscriptions = 0
         self._psub: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._waiting: asyncio.Future | None = None  # the long poll in progress
+        self.kicks = 0
         self._warned_at = float("-inf")
 
     async def start(self) -> None:
@@ -77,6 +84,25 @@ class PullLoop:
         await cancel_and_wait(self._task)
         self._task = None
         await self._unsubscribe()
+
+    def kick(self) -> None:
+        """End the long poll in progress (if any) and pull anew."""
+        if self._waiting is not None and not self._waiting.done():
+            self.kicks += 1
+            self._waiting.cancel()
+
+    async def _long_poll(self) -> list:
+        """A fetch of one for up to `wait_s`; [] when kicked."""
+        waiting = self._waiting = asyncio.ensure_future(self._psub.fetch(1, timeout=self.wait_s))
+        try:
+            await asyncio.wait({waiting})
+        finally:
+            self._waiting = None
+            if not waiting.done():  # this loop itself was cancelled
+                waiting.cancel()
+        if waiting.cancelled():
+            return []
+        return waiting.result()
 
     @property
     def running(self) -> bool:
@@ -115,7 +141,9 @@ class PullLoop:
                     await asyncio.sleep(RETRY_S)
                     continue
             try:
-                msgs = await self._psub.fetch(1, timeout=self.wait_s)
+                msgs = await self._long_poll()
+                if not msgs:
+                    continue  # kicked
             except (TimeoutError, NatsTimeout):
                 failing_since = None
                 continue

@@ -48,15 +48,9 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
 
 from mesh.codec import to_wire
 from mesh.schema import Assignment, AssignmentBatch, TaskEvent
@@ -70,8 +64,25 @@ DEFAULT_MAX_SKEW_S = 30.0  # how far the coordinator's clock may be ahead of or 
 KEY_FILE = "assignments.key"
 PUB_FILE = "assignments.pub"
 
-SigningKey = Ed25519PrivateKey
-VerifyKey = Ed25519PublicKey
+# cryptography is imported where a key is made, read or used, not with this module: it
+# is ~10 MB of a process's memory, and an agent that verifies nothing (an edge site's,
+# counted in megabytes) never needs it.
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey as SigningKey,
+    )
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PublicKey as VerifyKey,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """`SigningKey` and `VerifyKey` (cryptography's Ed25519 key classes), on first use."""
+    if name in ("SigningKey", "VerifyKey"):
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+
+        return ed25519.Ed25519PrivateKey if name == "SigningKey" else ed25519.Ed25519PublicKey
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class AssignmentRefused(Exception):
@@ -112,6 +123,9 @@ def generate_keypair(
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     key_path, pub_path = d / KEY_FILE, d / PUB_FILE
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(
         serialization.Encoding.PEM,
@@ -144,6 +158,9 @@ def load_signing_key(path: str | os.PathLike[str]) -> SigningKey:
         log.warning(
             "signing key %s is accessible to others (mode %o): chmod 600 it", p, mode & 0o777
         )
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     key = serialization.load_pem_private_key(p.read_bytes(), password=None)
     if not isinstance(key, Ed25519PrivateKey):
         raise ValueError(f"{p}: not an Ed25519 private key")
@@ -153,6 +170,9 @@ def load_signing_key(path: str | os.PathLike[str]) -> SigningKey:
 def load_verify_key(path: str | os.PathLike[str]) -> VerifyKey:
     """An agent's copy of the coordinator's public key (PEM)."""
     p = Path(path)
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     key = serialization.load_pem_public_key(p.read_bytes())
     if not isinstance(key, Ed25519PublicKey):
         raise ValueError(f"{p}: not an Ed25519 public key")
@@ -162,6 +182,9 @@ def load_verify_key(path: str | os.PathLike[str]) -> VerifyKey:
 def key_id(key: VerifyKey | SigningKey) -> str:
     """A short fingerprint of a key pair (from either half): what a heartbeat carries to
     say which key its agent verifies with, and what logs show. Not secret."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
     raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return "ed25519:" + hashlib.sha256(raw).hexdigest()[:16]
@@ -327,6 +350,8 @@ def verify(
         raise AssignmentRefused(
             "unsigned", f"{a.kind} {a.task_id}#{a.attempt} carries no signature"
         )
+    from cryptography.exceptions import InvalidSignature
+
     try:
         pub.verify(a.signature, signed_bytes(a))
     except InvalidSignature:
@@ -391,6 +416,8 @@ def open_message(
     what = f"batch of {len(items)} for {m.node_id}"
     if not m.signature:
         return _all(items, AssignmentRefused("unsigned", f"{what} carries no signature"))
+    from cryptography.exceptions import InvalidSignature
+
     try:
         pub.verify(m.signature, batch_signed_bytes(m))
     except InvalidSignature:

@@ -222,6 +222,16 @@ def site_events_stream(site: str) -> str:
     return f"SITE_{token(site, 'site')}_EVENTS"
 
 
+def site_state(region: str, site: str, node: str) -> str:
+    """Where a site's node publishes its heartbeat (site-local: the site link relays it
+    to `state(region, node)` when it changed in what the region acts on)."""
+    return f"{_r(region)}.site.{token(site, 'site')}.state.{token(node, 'node id')}"
+
+
+def site_state_all(region: str, site: str) -> str:
+    return f"{_r(region)}.site.{token(site, 'site')}.state.*"
+
+
 def site_beat(region: str, site: str) -> str:
     """A site link's beat to its region (core NATS, every second: `SiteBeat`)."""
     return f"{_r(region)}.sitebeat.{token(site, 'site')}"

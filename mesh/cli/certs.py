@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mesh import subjects
-from mesh.security import bundle, gateways, pki
+from mesh.security import bundle, gateways
 from mesh.security.identity import Identity, IdentityError
 from mesh.security.permissions import server_users
 from mesh.server import ServerConfig, ServerError, TlsFiles
@@ -292,6 +292,8 @@ def nats_conf(
         if not sep or not n.isdigit():
             raise IdentityError(f"--fleet-nodes {item!r}: expected PREFIX=N")
         fleets[prefix] = fleet_node_ids(prefix, int(n))
+    from mesh.security import pki  # cryptography: only where certificates are handled
+
     host, port = gateways.host_port(listen, "--listen")
     ca, cert, key = pki.server_files(certs_dir)
     store = str(Path(store_dir).absolute())
@@ -328,6 +330,8 @@ def _join(cfg: ServerConfig, certs_dir: str | Path, region: str, fed: Federation
     """Add the gateway and the cluster (JetStream in a supercluster runs clustered: a
     region of one server routes to itself) to `cfg`, both with TLS from gateway.crt,
     made here on first use. Returns whether it was made."""
+    from mesh.security import pki
+
     subjects.region_token(region)
     peers = gateways.parse_gateways(fed.gateways)
     routes = [gateways.parse_url(r, "--route") for r in fed.routes]
@@ -470,6 +474,8 @@ def _bundle(args: argparse.Namespace, d: str) -> int:
 
 def run(args: argparse.Namespace, certs_flag: str | None, region: str) -> int:
     """Exit 0 on success, 2 on a usage error (bad name, missing or existing CA)."""
+    from mesh.security import pki
+
     d = getattr(args, "dir", None) or certs_flag
     if not d:
         print("mesh certs: no directory (give DIR, --certs or MESH_CERTS)", file=sys.stderr)

@@ -14,7 +14,6 @@ from dataclasses import replace
 from mesh import logs, subjects
 from mesh.cli import (
     certs,
-    commands,
     completion,
     contexts,
     edge,
@@ -115,9 +114,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"mesh load: {exc}", file=sys.stderr)
                 return EXIT_USAGE
             if args.dry_run:
+                from mesh.cli import commands
+
                 summary = load.describe(args.workload)
                 commands.out(args, summary, load.workload_line(summary))
                 return EXIT_OK
+        # Only client commands need this module and what it pulls in (the client, the
+        # coordinator's pool and partition parsers): a long-running `mesh edge up` or
+        # `mesh agent` does not carry them (edge sites are counted in megabytes).
+        from mesh.cli import commands
+
         if not commands.read_inputs(args):  # before connecting, as for load above
             return EXIT_USAGE
         if args.cmd == "partition":
