@@ -74,6 +74,10 @@ class ClusterView:
         self.disconnected: set[str] = set()  # nodes of cut-off sites
         self.cut_sites: frozenset[str] = frozenset()  # sites judged disconnected
         self.sites: dict[str, SiteView] = {}  # the edge sites, from their beats and the log
+        # A site's nodes are heard through its beats (every 2 s) more than their own
+        # heartbeats (relayed when they change): late by up to the site's silence before
+        # they are suspect. The coordinator sets it to its `site_silent_s`.
+        self.site_suspect_after = suspect_after
         self.changes = Changes()  # a node id per heartbeat and per status change
         self.rejected = 0
         # Node ids, least recently heard from first (receiver time only grows), so a
@@ -169,6 +173,8 @@ class ClusterView:
             status = DOWN if age >= self.down_after else SUSPECT
             if view.state.site and view.state.site in self.cut_sites:
                 status = DISCONNECTED
+            elif view.state.site and status == SUSPECT and age < self.site_suspect_after:
+                continue  # a beat a little late, not a silent node
             if status != view.status:
                 self._set_status(view, status)  # (does not reorder what is walked here)
                 changed.append(node_id)

@@ -325,3 +325,16 @@ def test_a_task_a_site_node_stopped_listing_waits_for_the_sites_backlog():
     assert lost(log.step(cv, now=141.0)) == []  # from here, the usual wait
     heartbeat(41.0 + FORGOTTEN_AFTER_S)
     assert lost(log.step(cv, now=141.0 + FORGOTTEN_AFTER_S)) == ["j.w.0"]
+
+
+def test_a_site_node_heard_through_late_beats_is_not_suspect_within_the_sites_silence():
+    cv = ClusterView("r", suspect_after=3.0, down_after=10.0)
+    cv.site_suspect_after = 5.0
+    cv.observe(state("s1-a"), 0.0)
+    cv.observe(state("dc-1", site=""), 0.0)
+    cv.sweep(4.0)  # a beat 2 s late: the site's node waits, the datacenter node does not
+    assert cv.nodes["s1-a"].status == READY and cv.nodes["dc-1"].status == SUSPECT
+    cv.sweep(5.0)
+    assert cv.nodes["s1-a"].status == SUSPECT
+    cv.sweep(10.0)
+    assert cv.nodes["s1-a"].status == DOWN
