@@ -78,6 +78,7 @@ class ClusterView:
         # heartbeats (relayed when they change): late by up to the site's silence before
         # they are suspect. The coordinator sets it to its `site_silent_s`.
         self.site_suspect_after = suspect_after
+        self.site_down_after = down_after  # and down only once its site could be judged
         self.changes = Changes()  # a node id per heartbeat and per status change
         self.rejected = 0
         # Node ids, least recently heard from first (receiver time only grows), so a
@@ -171,10 +172,13 @@ class ClusterView:
             if age < self.suspect_after:
                 break  # every node after this one was heard from later still
             status = DOWN if age >= self.down_after else SUSPECT
-            if view.state.site and view.state.site in self.cut_sites:
-                status = DISCONNECTED
-            elif view.state.site and status == SUSPECT and age < self.site_suspect_after:
-                continue  # a beat a little late, not a silent node
+            if view.state.site:
+                if view.state.site in self.cut_sites:
+                    status = DISCONNECTED
+                elif age < self.site_suspect_after:
+                    continue  # a beat a little late, not a silent node
+                elif age < self.site_down_after:
+                    status = SUSPECT  # its site may yet be judged cut off: not down first
             if status != view.status:
                 self._set_status(view, status)  # (does not reorder what is walked here)
                 changed.append(node_id)

@@ -85,6 +85,7 @@ class Coordinator:
         )
         self.sites = SiteTracker(self.region, self.cluster, config.site_silent_s)
         self.cluster.site_suspect_after = max(config.suspect_after, config.site_silent_s)
+        self.cluster.site_down_after = max(config.down_after, 2 * config.site_silent_s)
         self.controlling = Controlling()  # partition hotness, fed by every candidate
         self._said_barred: dict[str, str] = {}  # node -> the bar last logged for it
         self._said_unverified = False

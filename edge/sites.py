@@ -172,13 +172,21 @@ def merged(
 
 
 def unlogged(views: Iterable[SiteView], logged: Mapping[str, SiteRecorded]) -> list[SiteView]:
-    """The views whose status or autonomy the log does not hold yet (a transition, an
-    autonomy change, a site never logged): the leader logs each. Asked again after a
-    leader died before its append landed, the next leader logs them."""
+    """The views whose status, autonomy or nodes the log does not hold yet (a
+    transition, an autonomy change, a node its beats name that the log's record does not,
+    a site never logged): the leader logs each. Asked again after a leader died before its
+    append landed, the next leader logs them. The nodes matter to a new leader that never
+    heard the site: a node the record lacks would be judged as a datacenter node, down
+    after its silence, its tasks lost inside the site's autonomy."""
     out = []
     for v in views:
         rec = logged.get(v.site)
-        if rec is None or rec.status != v.status or rec.autonomy_s != v.autonomy_s:
+        if (
+            rec is None
+            or rec.status != v.status
+            or rec.autonomy_s != v.autonomy_s
+            or not set(v.nodes) <= set(rec.nodes)
+        ):
             out.append(v)
     return sorted(out, key=lambda v: v.site)
 

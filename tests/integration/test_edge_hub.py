@@ -203,7 +203,7 @@ async def test_a_new_leader_keeps_the_sites_status_and_autonomy_clock(tmp_path):
         assert after["status"] == "disconnected" and after["since"] == before["since"]
         if time.time() - site.last_beat < 8.0 - 0.5:  # still within its autonomy
             t = await task_of(c, job)
-            assert (t["state"], t["attempt"]) == ("RUNNING", 1)
+            assert (t["state"], t["attempt"]) == ("RUNNING", 1), t["history"]
             assert await node_status(c, "s1n-0000") == "disconnected"
         moved = await running_on(c, job, "dc-0000", attempt=2)
         # From the log's last_heard: 8 s after the last beat, not 8 s after c2 took over.

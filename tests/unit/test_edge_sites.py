@@ -72,11 +72,14 @@ def test_node_status_is_disconnected_only_while_its_site_is():
     assert sites.node_status(SUSPECT, None) == SUSPECT
 
 
-def test_the_log_holds_transitions_and_autonomy_changes_only():
+def test_the_log_holds_transitions_autonomy_changes_and_new_nodes_only():
     v = sites.observe(None, beat(30.0), 0.0)
     assert sites.unlogged([v], {}) == [v]
     logged = {"s1": sites.record(v, 0.0)}
     assert sites.unlogged([sites.observe(v, beat(30.0), 1.0)], logged) == []
+    assert sites.unlogged([sites.observe(v, beat(30.0, nodes=()), 1.0)], logged) == []
+    joined = sites.observe(v, beat(30.0, nodes=("s1-a", "s1-b")), 1.0)
+    assert sites.unlogged([joined], logged) == [joined]  # a new leader must know s1-b
     changed = sites.observe(v, beat(10.0), 1.0)
     assert sites.unlogged([changed], logged) == [changed]
     (cut,) = sites.sweep({"s1": v}, 5.0)
@@ -338,3 +341,17 @@ def test_a_site_node_heard_through_late_beats_is_not_suspect_within_the_sites_si
     assert cv.nodes["s1-a"].status == SUSPECT
     cv.sweep(10.0)
     assert cv.nodes["s1-a"].status == DOWN
+
+
+def test_a_site_node_is_not_down_before_its_site_could_be_judged_cut_off():
+    """With a node deadline shorter than twice the site's silence, a cut site's node
+    would be down (its tasks lost) before the site was seen to be disconnected."""
+    cv = ClusterView("r", suspect_after=1.0, down_after=3.0)
+    cv.site_suspect_after, cv.site_down_after = 5.0, 10.0
+    cv.observe(state("s1-a"), 0.0)
+    cv.observe(state("dc-1", site=""), 0.0)
+    cv.sweep(6.0)
+    assert cv.nodes["s1-a"].status == SUSPECT and cv.nodes["dc-1"].status == DOWN
+    cv.set_cut_sites(frozenset({"s1"}), 6.5)
+    cv.sweep(20.0)
+    assert cv.nodes["s1-a"].status == sites.DISCONNECTED and cv.down == {"dc-1"}
