@@ -3,7 +3,8 @@
 One per site, beside the leaf (`mesh edge up`). Its agents publish task events into the
 site's own stream on the leaf (acknowledged even while the hub is away); the link reads
 that stream from its cursor and forwards each message to the region's events stream
-(`subjects.events(region, node)`, same payload, same `Nats-Msg-Id`), a window at a time,
+(`subjects.events(region, node)`), a window at a time, each node's events of a window
+merged into a few batches (`edge.merge`: one hub write each, not one per event),
 pipelined (every publish of a window in flight together, acks awaited after), so a
 backlog of thousands goes in a second or two. The cursor moves only over what the hub
 acknowledged (`edge.cursor.advance`), is stored in the site's KV bucket, and what it
@@ -43,6 +44,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from edge.cursor import acted_on, advance, heard_nodes, reachable, relay_due
 from edge.leaf import ensure_link_bucket, ensure_site_stream
+from edge.merge import Stored, merge_window
 from mesh import subjects
 from mesh.codec import WireError, encode, unpack
 from mesh.connect import connect
@@ -224,22 +226,29 @@ class SiteLink:
         except TimeoutError:
             self.counters.backlog = 0
             return True
+        stored = [
+            Stored(
+                m.metadata.sequence.stream,
+                m.subject,
+                m.data,
+                (m.headers or {}).get("Nats-Msg-Id"),
+            )
+            for m in msgs
+        ]
         sent: list[tuple[int, asyncio.Future | None]] = []
-        for msg in msgs:
-            seq = msg.metadata.sequence.stream
-            node = subjects.site_events_node(self.region, self.site, msg.subject)
+        for seqs, node, data, headers in merge_window(self.region, self.site, stored):
             if node is None:
-                self.counters.skipped += 1
-                sent.append((seq, None))
+                self.counters.skipped += len(seqs)
+                sent.extend((seq, None) for seq in seqs)
                 continue
-            headers = {k: v for k, v in (msg.headers or {}).items() if k == "Nats-Msg-Id"}
             fut = await self.hub_js.publish_async(
                 subjects.events(self.region, node),
-                msg.data,
+                data,
                 stream=subjects.events_stream(self.region),
-                headers=headers or None,
+                headers=headers,
             )
-            sent.append((seq, fut))
+            sent.extend((seq, fut) for seq in seqs)
+        sent.sort(key=lambda item: item[0])  # a node's batch carries seqs of many places
         results = await self._acks(sent)
         if msgs:
             self.counters.backlog = msgs[-1].metadata.num_pending + sum(
