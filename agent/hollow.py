@@ -800,7 +800,14 @@ class HollowFleet:
             if self.site:
                 hub_js = self.nc.jetstream(domain=subjects.HUB_DOMAIN, timeout=10.0)
                 await ensure_site_stream(self.js, self.region, self.site)
-            await ensure_streams(hub_js, self.region, agent=True)
+            try:
+                await ensure_streams(hub_js, self.region, agent=True)
+            except Exception as exc:
+                if not self.site:
+                    raise
+                # As a site agent: started while the site is cut off (or its leaf not
+                # linked yet), it runs, and its feed binds once the hub is there.
+                log.warning("region %s not reachable from site %s: %s", self.region, self.site, exc)
             self.events = EventPublisher(
                 self.js, self.region, on_acked=self._reported, site=self.site
             )

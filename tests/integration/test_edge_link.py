@@ -291,3 +291,27 @@ async def test_a_backlog_goes_in_order_once_through_a_reset_mid_way(tmp_path):
     finally:
         await close_quietly(hub_nc)
         await site.close()
+
+
+async def test_a_site_fleet_started_while_cut_off_runs_once_the_link_is_back(tmp_path):
+    """Like a site agent, a site's hollow fleet starts while its leaf cannot reach the
+    hub (a cut, or a leaf not linked yet: seen with 50 leaves starting at once in the
+    edge bench), and joins the region when the link comes."""
+    from agent.hollow import HollowFleet
+
+    site = Site(tmp_path)
+    fleet = None
+    try:
+        await site.start(nodes=0)
+        site.proxy.cut()
+        await eventually(lambda: site.unlinked(), timeout=10)
+        fleet = HollowFleet(site.leaf.url, REGION, 2, prefix="late", site=SITE)
+        await fleet.start()  # raised ServiceUnavailableError before
+        site.proxy.restore()
+        await site.region.ready(2)
+        jobs = await site.submit(2, 0.2, "late")
+        await eventually(lambda: site.all_succeeded(jobs), timeout=20)
+    finally:
+        if fleet is not None:
+            await fleet.stop()
+        await site.close()
