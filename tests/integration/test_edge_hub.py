@@ -93,7 +93,10 @@ async def test_past_a_short_autonomy_the_task_runs_elsewhere_and_the_duplicate_i
 
         site.proxy.restore()
         await eventually(lambda: _is(c, "s1", "connected"), timeout=10)
-        await eventually(lambda: not site.fleet.nodes[node].running, timeout=15)
+        # The stale copy is found from the node's heartbeat listing it, which the site link
+        # relays on a change or every 30 s (`relay_every_s`): seen in runs where a relayed
+        # change did not reach the region, so up to that bound (not root-caused yet).
+        await eventually(lambda: not site.fleet.nodes[node].running, timeout=40)
         detail = await c.job(job)
         (t,) = detail["task_list"]
         assert (t["state"], t["attempt"], t["node_id"]) == ("RUNNING", 2, "dc-0000")

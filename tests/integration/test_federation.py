@@ -173,7 +173,7 @@ async def test_a_nomination_sent_while_the_target_is_cut_off_arrives_after(regio
     await lose(us)
     j = await eu.client.submit(job("cut", "2", 0.5, regions=["eu", "us"], spill={"after": "1s"}))
     link = eu.coordinators[0].link
-    await eventually(lambda: any(k.startswith(f"nominate:{j}:") for k in link.outbox), timeout=10)
+    await eventually(lambda: any(k.startswith(f"nominate:{j}:") for k in link.outbox), timeout=20)
     await asyncio.sleep(2.0)  # a few ticks of failed sends: still owed, still nominated
     assert any(k.startswith(f"nominate:{j}:") for k in link.outbox)
     assert (await fed_of(eu, j))["phase"] == "nominated"
