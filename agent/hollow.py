@@ -124,7 +124,7 @@ from mesh.connect import ClientTls, close_quietly, connect, describe, endpoint
 from mesh.logs import fields
 from mesh.schema import Assignment, GpuStatus, NodeState, Resources, TaskEvent, TaskSpec
 from mesh.signing import AssignmentRefused, VerifyKey, key_id, load_verify_key, open_message
-from mesh.streams import ensure_site_stream, ensure_streams
+from mesh.streams import node_streams
 from mesh.tasks import cancel_and_wait
 from workloads.lifecycle import ENDED, TaskState
 from workloads.load import LoadCurve, jitter, load_at
@@ -795,19 +795,8 @@ class HollowFleet:
             self.nats_url, name=f"hollow:{self.prefix}:{len(self.nodes)}", tls=self.tls
         )
         try:
-            self.js = self.nc.jetstream(timeout=10.0)  # events: the leaf's, at a site
-            hub_js = self.js
-            if self.site:
-                hub_js = self.nc.jetstream(domain=subjects.HUB_DOMAIN, timeout=10.0)
-                await ensure_site_stream(self.js, self.region, self.site)
-            try:
-                await ensure_streams(hub_js, self.region, agent=True)
-            except Exception as exc:
-                if not self.site:
-                    raise
-                # As a site agent: started while the site is cut off (or its leaf not
-                # linked yet), it runs, and its feed binds once the hub is there.
-                log.warning("region %s not reachable from site %s: %s", self.region, self.site, exc)
+            # events (the leaf's, at a site) and the region's streams
+            self.js, hub_js = await node_streams(self.nc, self.region, self.site, timeout=10.0)
             self.events = EventPublisher(
                 self.js, self.region, on_acked=self._reported, site=self.site
             )

@@ -56,7 +56,7 @@ from mesh.schema import (
     ok,
 )
 from mesh.signing import AssignmentRefused, key_id, load_verify_key, open_message
-from mesh.streams import ensure_site_stream, ensure_streams
+from mesh.streams import node_streams
 from workloads.lifecycle import TaskState
 
 log = logging.getLogger("mesh.agent")
@@ -172,19 +172,8 @@ class Agent:
             tls=self.config.tls,
             checked_start=True,
         )
-        self.js = self.nc.jetstream(timeout=5.0)  # the events' stream: the leaf's, at a site
-        self.hub_js = self.js  # the region's streams
-        if self.site:
-            self.hub_js = self.nc.jetstream(domain=subjects.HUB_DOMAIN, timeout=5.0)
-            await ensure_site_stream(self.js, self.region, self.site)
-        try:
-            await ensure_streams(self.hub_js, self.region, agent=True)
-        except Exception as exc:
-            if not self.site:
-                raise
-            # A site agent starts while its site is cut off: it runs what it has, stores
-            # its events at the site, and its assignment feed binds once the hub is back.
-            log.warning("region %s not reachable from site %s: %s", self.region, self.site, exc)
+        # the events' stream (the leaf's, at a site) and the region's streams
+        self.js, self.hub_js = await node_streams(self.nc, self.region, self.site)
         await self.runs.uplink.start(self.nc, self.region, self.config.site)
         await self._readopt()
         await self._stop_orphans()

@@ -13,12 +13,15 @@ starts first (coordinator or agent).
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError, ServerError
 
 from mesh import subjects
+
+log = logging.getLogger("mesh.streams")
 
 DUPLICATE_WINDOW_S = 120.0
 INSUFFICIENT_STORAGE = 10047  # JetStream's err_code: the store cannot hold a stream's bound
@@ -135,3 +138,26 @@ async def ensure_streams(
             # Already there with a different config (e.g. created by an older version):
             # keep it rather than fail start-up; the subjects are what matter.
             await raise_replicas(js, cfg.name, replicas)
+
+
+async def node_streams(
+    nc, region: str, site: str = "", timeout: float = 5.0
+) -> tuple[JetStreamContext, JetStreamContext]:
+    """A node's two JetStream contexts, its streams made: (where its events go, where the
+    region's streams are). The same context unless the node is an edge site's: then
+    its events go to the site's stream on the leaf and the region is reached through
+    the hub's domain. A site's node starts while the site is cut off (or its leaf is not
+    linked yet): it runs what it has, stores its events at the site, and its
+    assignment feed binds once the hub is there, so the region's streams it cannot
+    reach are a warning, not a failure."""
+    events_js = nc.jetstream(timeout=timeout)
+    if not site:
+        await ensure_streams(events_js, region, agent=True)
+        return events_js, events_js
+    hub_js = nc.jetstream(domain=subjects.HUB_DOMAIN, timeout=timeout)
+    await ensure_site_stream(events_js, region, site)
+    try:
+        await ensure_streams(hub_js, region, agent=True)
+    except Exception as exc:
+        log.warning("region %s not reachable from site %s: %s", region, site, exc)
+    return events_js, hub_js
