@@ -30,6 +30,12 @@ def is_token(value: object) -> bool:
     return isinstance(value, str) and _TOKEN.fullmatch(value) is not None
 
 
+def _last_token(prefix: str, subject: str) -> str | None:
+    """The one token `subject` has after `prefix`, or None when it is not that."""
+    rest = subject[len(prefix) :] if subject.startswith(prefix) else ""
+    return rest if is_token(rest) else None
+
+
 def _r(region: str) -> str:
     return f"mesh.{token(region, 'region')}"
 
@@ -154,8 +160,7 @@ def fed_summary_all() -> str:
 def fed_summary_region(subject: str) -> str | None:
     """The region a summary subject names, or None when it is not one."""
     prefix = "mesh.fed.summary."
-    rest = subject[len(prefix) :] if subject.startswith(prefix) else ""
-    return rest if is_token(rest) else None
+    return _last_token(prefix, subject)
 
 
 # Forwarded jobs (coordinator/federation/link.py): each region's leader reads one inbox
@@ -174,8 +179,7 @@ def fed_inbox_all(region: str) -> str:
 def fed_inbox_sender(region: str, subject: str) -> str | None:
     """The sending region an inbox subject of `region` names, or None."""
     prefix = f"mesh.fed.in.{region}."
-    rest = subject[len(prefix) :] if subject.startswith(prefix) else ""
-    return rest if is_token(rest) else None
+    return _last_token(prefix, subject)
 
 
 def fed_stream(region: str) -> str:
@@ -213,8 +217,7 @@ def site_events_all(region: str, site: str) -> str:
 def site_events_node(region: str, site: str, subject: str) -> str | None:
     """The node a site events subject names, or None when it is not one."""
     prefix = f"{_r(region)}.site.{token(site, 'site')}.events."
-    rest = subject[len(prefix) :] if subject.startswith(prefix) else ""
-    return rest if is_token(rest) else None
+    return _last_token(prefix, subject)
 
 
 def site_events_stream(site: str) -> str:
@@ -244,8 +247,7 @@ def site_beat_all(region: str) -> str:
 def site_beat_site(region: str, subject: str) -> str | None:
     """The site a beat subject names, or None when it is not one."""
     prefix = f"{_r(region)}.sitebeat."
-    rest = subject[len(prefix) :] if subject.startswith(prefix) else ""
-    return rest if is_token(rest) else None
+    return _last_token(prefix, subject)
 
 
 def site_uplink(region: str, site: str) -> str:
