@@ -434,3 +434,19 @@ def machine() -> str:
 def loadavg() -> float:
     """The machine's 1-minute load average: other work on it skews every figure."""
     return round(os.getloadavg()[0], 2)
+
+
+def simulated_job(name: str, duration: float, memory: str = "64Mi") -> dict:
+    """A job of one simulated task of `duration` seconds (100m CPU): the unit of work the
+    region-scale benches submit by the thousand."""
+    return {
+        "name": name,
+        "tasks": [
+            {
+                "role": "main",
+                "count": 1,
+                "resources": {"cpu": "100m", "memory": memory},
+                "simulate": {"duration": f"{duration:g}s"},
+            }
+        ],
+    }

@@ -46,7 +46,7 @@ from pathlib import Path
 import psutil
 
 from bench import _edge_footprint as footprint
-from bench._util import loadavg, machine, percentile, summary_ms, with_state_dir
+from bench._util import loadavg, machine, percentile, simulated_job, summary_ms, with_state_dir
 from coordinator.service import Coordinator, CoordinatorConfig
 from mesh import subjects
 from mesh.client import FINISHED, MeshClient
@@ -92,17 +92,7 @@ def main(argv: list[str]) -> dict:
 
 
 def short_job(name: str, duration: float, site: str | None = None) -> dict:
-    spec: dict = {
-        "name": name,
-        "tasks": [
-            {
-                "role": "main",
-                "count": 1,
-                "resources": {"cpu": "100m", "memory": "16Mi"},
-                "simulate": {"duration": f"{duration:g}s"},
-            }
-        ],
-    }
+    spec = simulated_job(name, duration, memory="16Mi")
     if site is not None:
         spec["placement"] = {"labels": {"bench-site": site}}
     return spec

@@ -52,7 +52,15 @@ from pathlib import Path
 
 from agent.hollow import GiB, HollowFleet, Inventory
 from agent.ledger import Run, count_duplicates
-from bench._util import fmt_ms, loadavg, machine, ratio, summary_ms, with_state_dir
+from bench._util import (
+    fmt_ms,
+    loadavg,
+    machine,
+    ratio,
+    simulated_job,
+    summary_ms,
+    with_state_dir,
+)
 from coordinator.service import Coordinator, CoordinatorConfig
 from mesh.cli import fedview
 from mesh.client import MeshClient
@@ -91,17 +99,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def short_job(name: str, duration: float, spill_after: float | None = None) -> dict:
     """A one-task job; with `spill_after`, one that names all three regions and spills."""
-    spec: dict = {
-        "name": name,
-        "tasks": [
-            {
-                "role": "main",
-                "count": 1,
-                "resources": {"cpu": "100m", "memory": "64Mi"},
-                "simulate": {"duration": f"{duration:g}s"},
-            }
-        ],
-    }
+    spec = simulated_job(name, duration)
     if spill_after is not None:
         spec["regions"] = list(REGIONS)
         spec["spill"] = {"after": f"{round(spill_after * 1000)}ms"}
