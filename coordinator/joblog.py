@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError
 
 from coordinator.state import RegionState
@@ -39,6 +39,9 @@ class Unavailable(Exception):
     """The append's outcome is unknown (timeout, no server); the caller may retry."""
 
 
+RESUBSCRIBE_AFTER_S = 1.0  # behind the stream with nothing applied this long: consumer lost
+
+
 class LogFollower:
     """Applies every entry of the log to `state`, in order, from the start."""
 
@@ -51,11 +54,23 @@ class LogFollower:
         self._applied = asyncio.Event()
 
     async def start(self) -> None:
+        await self._subscribe()
+
+    async def _subscribe(self) -> None:
+        """From the first entry not yet applied. nats-py's ordered consumer notices a lost
+        consumer (a restarted server) only after two missed heartbeats, and gives up on a
+        re-create that fails (JetStream still recovering) until the next two: with the
+        default 5 s heartbeat a takeover waited 20-40 s. So heartbeats every second, and
+        `catch_up` subscribes afresh when entries stop coming."""
         self._sub = await self.js.subscribe(
             subjects.job_log(self.region),
             stream=subjects.log_stream(self.region),
             ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
+            idle_heartbeat=1.0,
+            config=ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=self.state.last_seq + 1,
+            ),
             cb=self._on_msg,
         )
 
@@ -85,13 +100,25 @@ class LogFollower:
         target = info.state.last_seq
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        quiet_since = loop.time()
         while self.state.last_seq < target:
             self._applied.clear()
-            remaining = deadline - loop.time()
+            now = loop.time()
+            remaining = deadline - now
             if remaining <= 0:
                 raise Unavailable(f"job log catch-up stalled at {self.state.last_seq}/{target}")
-            with contextlib.suppress(asyncio.TimeoutError):
+            if now - quiet_since >= RESUBSCRIBE_AFTER_S:
+                log.info("job log follower quiet at %d/%d: subscribing afresh",
+                         self.state.last_seq, target)  # fmt: skip
+                with contextlib.suppress(Exception):
+                    await self.stop()
+                    await self._subscribe()
+                quiet_since = loop.time()
+            try:
                 await asyncio.wait_for(self._applied.wait(), min(remaining, 0.1))
+                quiet_since = loop.time()
+            except TimeoutError:
+                pass
 
 
 MAX_UNSEEN = 64  # entries a writer reads back to tell its own late appends from a rival's

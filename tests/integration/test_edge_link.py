@@ -113,9 +113,9 @@ async def test_a_cut_site_loses_nothing_and_runs_nothing_twice(site, kind):
     async def caught_up() -> bool:
         return stored <= set(await site.hub_history(jobs))
 
-    # (After the hub's own server is killed, its coordinator can take ~15 s to lead again:
-    # "job log catch-up stalled" on takeover; the link has forwarded long before.)
-    await eventually(caught_up, timeout=40, interval=0.02)
+    # (After the hub's own server is killed its coordinator leads again only once its log
+    # follower has caught up: coordinator.joblog resubscribes a follower that went quiet.)
+    await eventually(caught_up, timeout=20, interval=0.02)
     RESYNC[kind] = time.monotonic() - up_at
     print(f"{kind}: link-up -> hub caught up in {RESYNC[kind]:.2f} s ({len(stored)} events)")
     await eventually(lambda: site.all_succeeded(jobs), timeout=30)
