@@ -62,6 +62,7 @@ __all__ = [
     "FedHoldRecorded",
     "SiteRecorded",
     "DuplicateStopped",
+    "JobScaled",
     "PartitionRef",
     "PartitionApplyRequest",
     "PartitionMoveRequest",
@@ -202,6 +203,11 @@ class NodeState:
     # The edge site (a leafnode, docs/edge.md) this node belongs to; "": none (a
     # datacenter node, or a sender older than this field).
     site: str = wf("", max_len=64)
+    # Training and services (docs/training.md): the address its tasks' peers reach it
+    # at, and the ports [lo, hi] the coordinator may give its tasks (it checks each is
+    # free before a task starts); (0, 0): it offers none (or is older than these).
+    address: str = wf("", max_len=255)
+    port_range: tuple[int, int] = (0, 0)
     v: int = 1
 
 
@@ -235,6 +241,14 @@ class TaskSpec:
     max_run_time_s: float | None = wf(None, ge=0.0)
     gpu_uuids: tuple[str, ...] = wf((), max_len=64)
     health: HealthProbe | None = None  # a service replica's health check (agents older: none)
+    # Named ports given to this task (from its node's port_range): the agent checks each
+    # is free before starting it, and fails the attempt, naming the port, if not.
+    ports: dict[str, int] = wf(default_factory=dict, max_len=32)
+    # Files its framework needs (a hostfile, a discovery script): the agent writes each
+    # to the task's files directory (MESH_FILES_DIR) before starting it, and an argv
+    # element or env value that starts with workloads.frameworks.FILES_PREFIX names a
+    # path in it.
+    files: dict[str, str] = wf(default_factory=dict, max_len=8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +324,11 @@ class TaskEvent:
     # RUNNING, and ignores it.
     health: str = wf("", choices=HEALTH_STATES)
     health_seq: int = wf(0, ge=0)
+    # With RUNNING: the ports the agent checked and gave the task, and the training
+    # progress the task last wrote to $MESH_PROGRESS_FILE (a step count; -1: none yet).
+    # A RUNNING of a RUNNING attempt that changes only its progress is logged too.
+    ports: dict[str, int] = wf(default_factory=dict, max_len=32)
+    progress: int = wf(-1, ge=-1)
     v: int = 1
 
 
@@ -371,6 +390,7 @@ class TaskPlaced:
     node_id: str = wf(max_len=64)
     ts: float = 0.0
     gpu_uuids: tuple[str, ...] = wf((), max_len=64)
+    ports: dict[str, int] = wf(default_factory=dict, max_len=32)  # named ports it was given
 
 
 @tagged
@@ -389,6 +409,7 @@ class TaskUpdated:
     # With RUNNING: the replica's health check verdict (HEALTH_STATES); a RUNNING of a
     # RUNNING attempt that changes only this is logged too.
     health: str = wf("", choices=HEALTH_STATES)
+    progress: int = wf(-1, ge=-1)  # with RUNNING: the task's training progress (-1: none)
 
 
 @tagged
@@ -609,6 +630,19 @@ class DuplicateStopped:
     ts: float = 0.0
 
 
+@tagged
+@dataclass(frozen=True, slots=True)
+class JobScaled:
+    """An elastic training job's target size, asked by hand (`mesh job scale`) or set
+    by the scheduler: it places tasks up to it and stops those above it (docs/training.md)."""
+
+    job_id: str = wf(max_len=ID)
+    workers: int = wf(ge=1, le=10_000)
+    reason: str = wf("", max_len=1024)
+    by: str = wf("", max_len=ID)
+    ts: float = 0.0
+
+
 LogEvent = (
     JobSubmitted
     | TaskPlaced
@@ -629,6 +663,7 @@ LogEvent = (
     | FedHoldRecorded
     | SiteRecorded
     | DuplicateStopped
+    | JobScaled
 )
 
 

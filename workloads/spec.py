@@ -184,6 +184,7 @@ class TaskGroup:
     resources: Resources = _NO_RESOURCES
     simulate: SimulatedRun | None = None
     workdir: str | None = None
+    ports: tuple[str, ...] = ()  # named ports each task asks for (docs/training.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,10 +276,24 @@ class JobSpec:
     regions: tuple[str, ...] = ()
     spill_after_s: float | None = None
     lost_after_s: float | None = None
+    # Training (workloads/training.py, docs/training.md): the framework whose adapter
+    # (workloads/frameworks) makes each task's argv and environment; an elastic job's
+    # worker bounds (both None: a fixed size); slots (processes) per worker; and the
+    # failures the whole job may restart from (a framework restarts all its workers).
+    framework: str = "batch"
+    workers_min: int | None = None
+    workers_max: int | None = None
+    slots_per_node: int = 1
+    max_restarts: int = 3
 
     @property
     def is_service(self) -> bool:
         return self.kind == SERVICE
+
+    @property
+    def is_elastic(self) -> bool:
+        """A training job the scheduler sizes between workers_min and workers_max."""
+        return self.workers_min is not None and self.workers_min != self.workers_max
 
     @property
     def placement_partition(self) -> str:

@@ -35,6 +35,7 @@ from mesh.schema import (
     JobKillRequested,
     JobListRequest,
     JobRef,
+    JobScaled,
     JobSubmitted,
     JobUpdated,
     KillRequest,
@@ -365,7 +366,16 @@ duplicate_stopped = st.builds(
     message=text(100),
     ts=floats(),
 )
+job_scaled = st.builds(
+    JobScaled,
+    job_id=text(128),
+    workers=st.integers(1, 10_000),
+    reason=text(100),
+    by=text(128),
+    ts=floats(),
+)
 log_event = st.one_of(
+    job_scaled,
     site_recorded,
     duplicate_stopped,
     fed_home_recorded,
@@ -451,6 +461,7 @@ STRATEGIES = {
     FedHoldRecorded: fed_hold_recorded,
     SiteRecorded: site_recorded,
     DuplicateStopped: duplicate_stopped,
+    JobScaled: job_scaled,
     PartitionRef: st.builds(PartitionRef, name=text(65)),
     PartitionApplyRequest: st.builds(PartitionApplyRequest, source=text(200)),
     PartitionMoveRequest: st.builds(
