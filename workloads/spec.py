@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from workloads import federation as _fed
+from workloads import training as _training
 from workloads.load import LoadCurve, load_to_dict, parse_load
 from workloads.quantity import (
     SpecError,
@@ -124,8 +125,9 @@ JOB_FIELDS = (  # the top-level fields of a job spec
     "update",
     "health",
     *_fed.FIELDS,  # regions, spill, lost_after (workloads/federation.py)
+    *_training.FIELDS,  # framework, workers, slots_per_node, max_restarts (workloads/training.py)
 )
-_GROUP_FIELDS = ("role", "count", "command", "env", "workdir", "resources", "simulate")
+_GROUP_FIELDS = ("role", "count", "command", "env", "workdir", "resources", "simulate", "ports")
 _RESTART_FIELDS = ("max_retries", "reschedule_on_lost", "backoff", "max_backoff")
 _UPDATE_FIELDS = ("max_unavailable", "max_surge")
 _HEALTH_FIELDS = ("command", "interval", "timeout", "healthy_after", "unhealthy_after")
@@ -209,6 +211,8 @@ class PlacementPolicy:
 
 
 DEFAULT_PLACEMENT = PlacementPolicy()
+# The master a spark job that names none is given: the framework supplies its command.
+_SPARK_MASTER = TaskGroup("master", resources=Resources(cpu=DEFAULT_CPU, memory=DEFAULT_MEMORY))
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,7 +325,8 @@ class JobSpec:
             "pool": self.pool,
             "priority": self.priority,
             "preemptible": self.preemptible,
-            "min_tasks": self.min_tasks,
+            # A training job's min_tasks is its workers' min, written as `workers`.
+            "min_tasks": self.min_tasks if self.framework == BATCH else None,
             "restart": {
                 "max_retries": self.restart.max_retries,
                 "reschedule_on_lost": self.restart.reschedule_on_lost,
@@ -359,6 +364,15 @@ class JobSpec:
                     "unhealthy_after": h.unhealthy_after,
                 }
         out.update(_fed.to_dict(self.regions, self.spill_after_s, self.lost_after_s))
+        out.update(
+            _training.to_dict(
+                self.framework,
+                self.workers_min,
+                self.workers_max,
+                self.slots_per_node,
+                self.max_restarts,
+            )
+        )
         return out
 
 
@@ -391,6 +405,8 @@ def _group_to_dict(group: TaskGroup) -> dict[str, Any]:
             out["simulate"]["stop"] = float(sim.stop_s)
     if group.workdir is not None:
         out["workdir"] = group.workdir
+    if group.ports:
+        out["ports"] = list(group.ports)
     return out
 
 
@@ -609,11 +625,18 @@ def _job(data: object) -> JobSpec:
     restart = _restart(f.get("restart", {}), service)
     labels = _labels(f.get("labels", {}))
     placement = _placement(f.get("placement", {}), service)
-    tasks = _tasks(f.get("tasks"))
+    framework = _training.parse_framework(f, service)
+    tasks = _tasks(f.get("tasks"), _training.commandless_roles(framework))
     partition = _partition(f.get("partition", ""))
     update, health = _service_fields(f, service, max_run_time, min_tasks)
     regions, spill_after, lost_after = _fed.parse(f)
-    if min_tasks is not None:
+    train = _training.parse(f, framework, tasks, _SPARK_MASTER, MAX_RETRIES, MAX_COUNT)
+    tasks = train.tasks
+    if sum(g.count for g in tasks) > MAX_TASKS:  # a spark job's workers, its master, its driver
+        raise SpecError("workers", f"at most {MAX_TASKS} tasks in a job (MAX_TASKS)")
+    if framework != BATCH:
+        min_tasks = train.min_tasks
+    elif min_tasks is not None:
         total = sum(g.count for g in tasks)
         min_tasks = _int(min_tasks, "min_tasks", 1, total, "the job's task count")
         if len({g.resources for g in tasks}) != 1:
@@ -640,6 +663,11 @@ def _job(data: object) -> JobSpec:
         regions=regions,
         spill_after_s=spill_after,
         lost_after_s=lost_after,
+        framework=framework,
+        workers_min=train.workers_min,
+        workers_max=train.workers_max,
+        slots_per_node=train.slots_per_node,
+        max_restarts=train.max_restarts,
     )
 
 
@@ -851,7 +879,7 @@ def _parse_labels(value: object, path: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(labels.items()))
 
 
-def _tasks(value: object) -> tuple[TaskGroup, ...]:
+def _tasks(value: object, commandless: frozenset[str] = frozenset()) -> tuple[TaskGroup, ...]:
     if value is None:
         raise SpecError("tasks", "a job needs at least one task group")
     if not isinstance(value, list | tuple):
@@ -866,7 +894,7 @@ def _tasks(value: object) -> tuple[TaskGroup, ...]:
     roles: set[str] = set()
     total = 0
     for i, item in enumerate(value):
-        group = _group(item, f"tasks[{i}]", roles)
+        group = _group(item, f"tasks[{i}]", roles, commandless)
         total += group.count
         if total > MAX_TASKS:
             raise SpecError(
@@ -876,7 +904,9 @@ def _tasks(value: object) -> tuple[TaskGroup, ...]:
     return tuple(groups)
 
 
-def _group(value: object, path: str, roles: set[str]) -> TaskGroup:
+def _group(
+    value: object, path: str, roles: set[str], commandless: frozenset[str] = frozenset()
+) -> TaskGroup:
     f = _fields(value, path, _GROUP_FIELDS)
     role = _role(f.get("role"), f"{path}.role", roles)
     count = _int(f.get("count", 1), f"{path}.count", 1, MAX_COUNT, "MAX_COUNT")
@@ -885,7 +915,8 @@ def _group(value: object, path: str, roles: set[str]) -> TaskGroup:
     workdir = _workdir(f["workdir"], f"{path}.workdir") if "workdir" in f else None
     resources = _resources(f.get("resources", {}), f"{path}.resources")
     simulate = _simulate(f["simulate"], f"{path}.simulate") if "simulate" in f else None
-    if not command and simulate is None:
+    ports = _training.parse_ports(f["ports"], f"{path}.ports") if "ports" in f else ()
+    if not command and simulate is None and role not in commandless:
         raise SpecError(f"{path}.command", "required (or give `simulate` for a simulated run)")
     return TaskGroup(
         role=role,
@@ -895,6 +926,7 @@ def _group(value: object, path: str, roles: set[str]) -> TaskGroup:
         resources=resources,
         simulate=simulate,
         workdir=workdir,
+        ports=ports,
     )
 
 

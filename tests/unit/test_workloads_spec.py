@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -34,6 +35,7 @@ from workloads.spec import (
     MAX_TASKS,
     MAX_WORKDIR_LEN,
 )
+from workloads.training import FRAMEWORKS
 
 Mi, Gi = 2**20, 2**30
 
@@ -267,12 +269,13 @@ BAD = [
     (
         _job(bogus=1),
         "bogus",
-        "unknown field (known: health, kind, labels, lost_after, max_run_time, min_tasks, name",
+        "unknown field (known: framework, health, kind, labels, lost_after, max_restarts, "
+        "max_run_time, min_tasks, name",
     ),
     (
         _group(bogus=1),
         "tasks[0].bogus",
-        "unknown field (known: command, count, env, resources, role, simulate, workdir)",
+        "unknown field (known: command, count, env, ports, resources, role, simulate, workdir)",
     ),
     ({"name": "j", "tasks": [{"command": "x"}]}, "tasks[0].role", "required"),
     (_group(role="Worker"), "tasks[0].role", "use a-z"),
@@ -506,8 +509,11 @@ _simulated = st.one_of(
 )
 
 
+_ports = st.lists(_ident(string.ascii_lowercase, _LOWER + "_-", 31), max_size=16, unique=True)
+
+
 @st.composite
-def _task_groups(draw, role: str) -> TaskGroup:
+def _task_groups(draw, role: str, commandless: bool = False) -> TaskGroup:
     simulate = draw(st.one_of(st.none(), _simulated))
     command = draw(
         st.one_of(
@@ -516,7 +522,7 @@ def _task_groups(draw, role: str) -> TaskGroup:
             st.text(max_size=30)
             .filter(lambda s: s.strip() and "\x00" not in s)
             .map(lambda s: ("/bin/sh", "-c", s)),
-            *([st.just(())] if simulate is not None else []),
+            *([st.just(())] if simulate is not None or commandless else []),
         )
     )
     return TaskGroup(
@@ -527,20 +533,48 @@ def _task_groups(draw, role: str) -> TaskGroup:
         resources=draw(_resources()),
         simulate=simulate,
         workdir=draw(st.one_of(st.none(), _text.map(lambda s: "/" + s))),
+        ports=tuple(draw(_ports)),
     )
+
+
+@st.composite
+def _training(draw, roles: list[str]) -> dict:
+    """The training fields (workloads/training.py) and groups of a valid spec: a batch job
+    as before, one worker group for most frameworks, a master, workers and driver for spark."""
+    framework = draw(st.sampled_from(FRAMEWORKS))
+    if framework == "batch":
+        return {"tasks": tuple(draw(_task_groups(role)) for role in roles)}
+    fields = {
+        "framework": framework,
+        "slots_per_node": draw(st.integers(1, 256)),
+        "max_restarts": draw(st.integers(0, 100)),
+    }
+    if framework == "spark":
+        spark_roles = draw(st.permutations(["master", "worker", "driver"]))
+        groups = [draw(_task_groups(r, commandless=r != "driver")) for r in spark_roles]
+        groups = [g if g.role == "worker" else replace(g, count=1) for g in groups]
+        return {**fields, "tasks": tuple(groups)}
+    group = draw(_task_groups(roles[0]))
+    if framework in ("pytorch-elastic", "horovod-elastic") and draw(st.booleans()):
+        low = draw(st.integers(1, group.count - 1)) if group.count > 1 else None
+        if low is not None:
+            fields.update(workers_min=low, workers_max=group.count, min_tasks=low)
+    return {**fields, "tasks": (group,)}
 
 
 @st.composite
 def _specs(draw) -> JobSpec:
     roles = draw(st.lists(_roles, min_size=1, max_size=4, unique=True))
+    training = draw(_training(roles))
+    batch = training.get("framework", "batch") == "batch"
     return JobSpec(
         name=draw(_names),
-        tasks=tuple(draw(_task_groups(role)) for role in roles),
         pool=draw(_pools),
         priority=draw(st.integers(0, 1000)),
         max_run_time_s=draw(st.one_of(st.none(), _durations.filter(lambda d: d > 0))),
-        restart=RestartPolicy(draw(st.integers(0, 100)), draw(st.booleans())),
+        restart=RestartPolicy(draw(st.integers(0, 100)) if batch else 0, draw(st.booleans())),
         labels=draw(_labels),
+        **training,
     )
 
 
