@@ -20,22 +20,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 from workloads.spec import JobSpec, TaskGroup
+from workloads.training import FRAMEWORKS
 
 __all__ = [
+    "ADAPTERS",
     "FILES_PREFIX",
     "FRAMEWORKS",
+    "REGISTRY",
+    "Framework",
     "Launch",
     "Peer",
     "TaskContext",
+    "common_env",
     "launch",
     "ports_for",
     "primary_task",
     "rendezvous_task",
 ]
 
-FRAMEWORKS = ("batch", "pytorch", "pytorch-elastic", "horovod-elastic", "mpi", "spark")
 # An argv element or env value that starts with this names a file of Launch.files: the
 # agent writes the files to the task's files directory and puts its path in their place.
 FILES_PREFIX = "@files/"
@@ -112,24 +117,63 @@ def common_env(ctx: TaskContext) -> dict[str, str]:
     return env
 
 
-ADAPTERS: dict[str, Adapter] = {"batch": _batch}
+TaskRef = tuple[str, int]  # (role, index within the role)
+
+
+def _no_ports(spec: JobSpec, group: TaskGroup, index: int) -> tuple[str, ...]:
+    return ()
+
+
+def _nobody(spec: JobSpec) -> TaskRef | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Framework:
+    """One framework's hooks: its adapter, the ports it gives a task beside the group's
+    own (torchrun's rendezvous port on task 0, say), its rendezvous and primary task."""
+
+    adapter: Adapter
+    extra_ports: Callable[[JobSpec, TaskGroup, int], tuple[str, ...]] = _no_ports
+    rendezvous: Callable[[JobSpec], TaskRef | None] = _nobody
+    primary: Callable[[JobSpec], TaskRef | None] = _nobody
+
+
+# The adapters import this module's contract, so they are imported once it is defined.
+from workloads.frameworks import horovod, mpi, spark, torch  # noqa: E402
+
+
+def _hooks(module: ModuleType, adapter: Adapter) -> Framework:
+    return Framework(adapter, module.ports_for, module.rendezvous, module.primary)
+
+
+REGISTRY: dict[str, Framework] = {
+    "batch": Framework(_batch),
+    "pytorch": _hooks(torch, torch.pytorch),
+    "pytorch-elastic": _hooks(torch, torch.pytorch_elastic),
+    "horovod-elastic": _hooks(horovod, horovod.horovod_elastic),
+    "mpi": _hooks(mpi, mpi.mpi),
+    "spark": _hooks(spark, spark.spark),
+}
+ADAPTERS: dict[str, Adapter] = {name: fw.adapter for name, fw in REGISTRY.items()}
 
 
 def launch(spec: JobSpec, group: TaskGroup, ctx: TaskContext) -> Launch:
     """The task's argv, env and files under its job's framework."""
-    return ADAPTERS[spec.framework](spec, group, ctx)
+    return REGISTRY[spec.framework].adapter(spec, group, ctx)
 
 
 def ports_for(spec: JobSpec, group: TaskGroup, index: int) -> tuple[str, ...]:
-    """The named ports this task is given: its group's, and its framework's own."""
-    return group.ports
+    """The named ports this task is given: its group's, then its framework's own."""
+    extra = REGISTRY[spec.framework].extra_ports(spec, group, index)
+    return group.ports + tuple(p for p in extra if p not in group.ports)
 
 
-def rendezvous_task(spec: JobSpec) -> tuple[str, int] | None:
+def rendezvous_task(spec: JobSpec) -> TaskRef | None:
     """(role, index) of the task the others meet at; None: there is none."""
-    return None
+    return REGISTRY[spec.framework].rendezvous(spec)
 
 
-def primary_task(spec: JobSpec) -> tuple[str, int] | None:
+def primary_task(spec: JobSpec) -> TaskRef | None:
     """(role, index) of the task whose end ends the job; None: each runs to its end."""
-    return None
+    return REGISTRY[spec.framework].primary(spec)

@@ -1,0 +1,22 @@
+"""Placeholder for the spark adapter (the spark helper's file)."""
+
+from __future__ import annotations
+
+from workloads.frameworks import Launch, TaskContext
+from workloads.spec import JobSpec, TaskGroup
+
+
+def spark(spec: JobSpec, group: TaskGroup, ctx: TaskContext) -> Launch:
+    raise NotImplementedError("framework: spark")
+
+
+def ports_for(spec: JobSpec, group: TaskGroup, index: int) -> tuple[str, ...]:
+    return ()
+
+
+def rendezvous(spec: JobSpec) -> tuple[str, int] | None:
+    return None
+
+
+def primary(spec: JobSpec) -> tuple[str, int] | None:
+    return None
