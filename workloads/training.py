@@ -48,7 +48,7 @@ __all__ = [
 
 FIELDS = ("framework", "workers", "slots_per_node", "max_restarts")
 BATCH = "batch"
-# As workloads.frameworks.FRAMEWORKS (which imports the spec, so it cannot be imported here).
+# The one list of frameworks (workloads.frameworks re-exports it: it imports the spec).
 FRAMEWORKS = ("batch", "pytorch", "pytorch-elastic", "horovod-elastic", "mpi", "spark")
 ELASTIC_FRAMEWORKS = ("pytorch-elastic", "horovod-elastic")
 SPARK = "spark"
