@@ -176,12 +176,13 @@ def _changed_rows(
 
 
 def _measured(st: NodeState) -> tuple:
-    """What a node's row takes from its heartbeat, as the objects that hold it."""
-    return (st.capacity, st.simulated, st.zone, st.labels, st.gpus, st.cpu_percent)
+    """What a node's row takes from its heartbeat, as the objects that hold it (its
+    port range last: a small tuple, compared by value)."""
+    return (st.capacity, st.simulated, st.zone, st.labels, st.gpus, st.cpu_percent, st.port_range)
 
 
 def _same(a: tuple, b: tuple) -> bool:
-    return all(x is y for x, y in zip(a, b, strict=True))
+    return all(x is y for x, y in zip(a[:-1], b[:-1], strict=True)) and a[-1] == b[-1]
 
 
 def shape_of(job: JobRecord, group: TaskGroup) -> Shape:
