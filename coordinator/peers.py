@@ -33,8 +33,8 @@ def peers_of(job: JobRecord, nodes: Mapping[str, NodeView]) -> tuple[Peer, ...]:
     out = []
     for t in holding:
         view = nodes.get(t.node_id)
-        if view is None or not view.state.address:
-            why = "not heard yet" if view is None else "advertises no address"
+        if view is None or not view.state.seq or not view.state.address:
+            why = "advertises no address" if view and view.state.seq else "not heard yet"
             raise AddressUnknown(f"node {t.node_id} of task {t.task_id}: {why}")
         ports = tuple(sorted(t.ports.items()))
         out.append(Peer(t.role, t.index, view.state.address, ports, t.node_id))

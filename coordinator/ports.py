@@ -117,8 +117,11 @@ def assign(
             asks.append((p, t.attempt + 1, names))
     if not asks:
         return {}, {}
+    # (a node the leader only `expect`s, never heard, has a placeholder of seq 0)
     address_of = {
-        n: v.state.address for n in state.node_ports if (v := cluster.nodes.get(n)) is not None
+        n: v.state.address
+        for n in state.node_ports
+        if (v := cluster.nodes.get(n)) is not None and v.state.seq
     }
     used, anywhere = used_by_address(state.node_ports, address_of)
     out: dict[str, dict[str, int]] = {}

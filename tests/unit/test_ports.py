@@ -237,7 +237,9 @@ def test_agents_on_one_host_never_share_a_port():
 
 
 def test_a_new_leader_never_gives_out_a_port_a_running_task_holds():
-    rng = (40000, 40001)
+    """Two agents of one host with one port: a new leader that has heard only the
+    other one (the first is a placeholder it `expect`s) still counts the held port."""
+    rng = (40000, 40000)
     nodes = cluster(node("a", port_range=rng), node("b", port_range=rng))
     log = Log()
     log.submit("j1", ports=("p",), count=1)
@@ -247,11 +249,19 @@ def test_a_new_leader_never_gives_out_a_port_a_running_task_holds():
     assert new.node_ports == log.state.node_ports
     log.state = new
     log.submit("j2", ports=("p",), count=1)
-    # The new leader has heard only the other node of the same host so far: the held
-    # port still counts (unknown nodes' ports count on every address).
     other = "b" if first.node_id == "a" else "a"
-    (second,) = placed(log.step(cluster(node(other, port_range=rng)))).values()
-    assert second.ports["p"] != first.ports["p"]
+    heard = cluster(node(other, port_range=rng))
+    heard.expect(first.node_id, 100.0)  # as a new leader does: a placeholder, no address
+    d = log.step(heard)
+    assert not placed(d) and f"node {other} no free ports in 40000-40000" in d.unplaced["j2"]
+    with pytest.raises(AddressUnknown, match="not heard yet"):
+        peers_of(log.state.jobs["j1"], heard.nodes)
+    # Once both are heard, the port is held on their one address all the same.
+    d = log.step(nodes)
+    assert not placed(d) and "no free ports in 40000-40000" in d.unplaced["j2"]
+    log.update(first.task_id, S.SUCCEEDED, exit_code=0)
+    (second,) = placed(log.step(nodes)).values()
+    assert second.ports == {"p": 40000}
 
 
 def test_assign_drops_a_job_whose_node_ran_out_of_ports_on_its_address():
