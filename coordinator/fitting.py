@@ -140,6 +140,7 @@ def _basis(node) -> tuple:
         gpus,
         node.partition,
         node.draining,
+        node.port_range,
     )
 
 

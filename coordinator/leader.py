@@ -18,6 +18,7 @@ from nats.js.api import ConsumerConfig
 
 from coordinator.joblog import Fenced, LogWriter, Unavailable
 from coordinator.partitions.loop import PartitionLoop
+from coordinator.peers import launchable, launched_spec, launches
 from coordinator.pooling import PoolView, preemptions
 from coordinator.reconcile import (
     Kill,
@@ -106,6 +107,18 @@ def run_batches(tasks: list[TaskRecord]) -> list[list[TaskRecord]]:
             size += est
         batches.append(batch)
     return batches
+
+
+def _probe(health) -> HealthProbe | None:
+    if health is None:
+        return None
+    return HealthProbe(
+        health.command,
+        health.interval_s,
+        health.timeout_s,
+        health.healthy_after,
+        health.unhealthy_after,
+    )
 
 
 class Leader:
@@ -262,24 +275,23 @@ class Leader:
             log.info("%s", ev.reason)
         return list(events)
 
-    def _run_assignment(self, t: TaskRecord, specs: dict | None = None) -> Assignment:
+    def _run_assignment(
+        self, t: TaskRecord, specs: dict | None = None, peers: dict | None = None
+    ) -> Assignment:
         """`specs`: TaskSpecs made so far in this send, so the runs of one group share one
-        object, which signing then converts once (see signing.batch_signed_bytes)."""
+        object, which signing then converts once (see signing.batch_signed_bytes).
+        `peers`: per job, its peers as made so far in this send (a training job's runs).
+        Raises AddressUnknown when a peer's address is not known yet."""
         g = t.group
         job = self.state.jobs[t.job_id]
         health = job.spec.health if t.checked else None
         key = (id(g), job.spec.max_run_time_s, t.gpu_uuids, health)
         spec = None if specs is None else specs.get(key)
+        if launches(job, t):
+            # Its own argv, env, files and ports: never shared (a training job's peers).
+            spec = launched_spec(job, t, self.coord.cluster.nodes, _probe(health), peers)
         if spec is None:
-            probe = None
-            if health is not None:
-                probe = HealthProbe(
-                    health.command,
-                    health.interval_s,
-                    health.timeout_s,
-                    health.healthy_after,
-                    health.unhealthy_after,
-                )
+            probe = _probe(health)
             spec = TaskSpec(
                 argv=g.command,
                 env=dict(g.env),
@@ -302,11 +314,12 @@ class Leader:
         """One message per node (up to MAX_ASSIGNMENT_BATCH runs), not one per task.
         `again`: under message ids of their own, so the stream does not drop them as
         repeats of what was sent before."""
-        batches = run_batches(tasks)
+        batches = self._launchable(run_batches(tasks))
         items = []
         specs: dict = {}  # the groups stay alive in the state while this runs: ids hold
+        peers: dict = {}
         for batch in batches:
-            runs = tuple(self._run_assignment(t, specs) for t in batch)
+            runs = tuple(self._run_assignment(t, specs, peers) for t in batch)
             keys = sorted(f"{a.task_id}:{a.attempt}" for a in runs)
             # The same runs sent again are one message to the stream's de-duplication.
             msg_id = "runs:" + hashlib.sha1("\n".join(keys).encode()).hexdigest()
@@ -320,6 +333,15 @@ class Leader:
                 self._unsent.difference_update(keys)
             else:
                 self._unsent.update(keys)
+
+    def _launchable(self, batches: list[list[TaskRecord]]) -> list[list[TaskRecord]]:
+        """The batches less the runs whose peers' addresses are not known yet (nodes a
+        new leader has not heard): those wait in `_unsent` for a later round."""
+        out, waiting = launchable(self.state, batches, self.coord.cluster.nodes)
+        for (tid, attempt), why in waiting.items():
+            log.info("run of %s#%d waits: %s", tid, attempt, why)
+            self._unsent.add((tid, attempt))
+        return out
 
     def _resend_unsent(self) -> None:
         """Placements whose assignment did not reach the stream: send them again while

@@ -17,6 +17,7 @@ from coordinator.parking import gang_due, park, park_never, park_unfit, parked
 from coordinator.partitions.drain import drain_moves, vacating
 from coordinator.placement import GangRequest, Placement, Snapshot
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
+from coordinator.ports import assign as assign_ports
 from coordinator.scheduling import (
     PlacementConfig,
     hopeless,
@@ -28,7 +29,14 @@ from coordinator.scheduling import (
 from coordinator.services import keep_services, restart_delay
 from coordinator.state import HOLDING, JobRecord, RegionState, TaskRecord
 from edge.sites import forwarded_since, lost_why, may_declare_lost
-from mesh.schema import DuplicateStopped, LogEvent, TaskEvent, TaskPlaced, TaskUpdated
+from mesh.schema import (
+    DuplicateStopped,
+    JobKillRequested,
+    LogEvent,
+    TaskEvent,
+    TaskPlaced,
+    TaskUpdated,
+)
 from workloads.lifecycle import ENDED, FINAL, TaskState, can_transition
 from workloads.resources import Resources
 
@@ -66,6 +74,8 @@ def reconcile(
     _lose_tasks_on_down_nodes(state, nodes, now, d)
     _lose_tasks_a_node_forgot(state, nodes, now, d)
     _requeue_or_settle(state, now, d)
+    if state.primary_ended:
+        _end_with_primary(state, now, d)
     _kill_requested_jobs(state, now, d)
     _kill_stale_copies(state, nodes, now, d)
     if state.partitions.moving:
@@ -345,6 +355,20 @@ def _requeue_or_settle(state: RegionState, now: float, d: Decisions) -> None:
         d.events.append(TaskUpdated(job.job_id, tid, t.attempt, nxt, "", now, message=why))
 
 
+def _end_with_primary(state: RegionState, now: float, d: Decisions) -> None:
+    """A job whose primary task (workloads.frameworks.primary_task: the Spark driver,
+    torchrun's task 0) ended for good ends with it: its other tasks are stopped as a
+    kill stops them (logged once, as `mesh job kill` logs it), and the job reports the
+    primary's outcome, not KILLED (JobRecord.state)."""
+    for job_id in sorted(state.primary_ended):
+        job = state.jobs[job_id]
+        outcome = job.primary_outcome()
+        if outcome is None or job.kill_requested:
+            continue  # (a failure with restarts left is requeued above)
+        why = f"primary task {job.primary} {str(outcome).lower()}: the job ends with it"
+        d.events.append(JobKillRequested(job_id, now, why))
+
+
 def _stop_replicas(state: RegionState, now: float, d: Decisions) -> None:
     """Service replicas being stopped for good: a running one is sent a kill (resent
     like a job's), a waiting one is KILLED at once; an ended one settles to KILLED."""
@@ -552,9 +576,18 @@ def _place_waiting(
     if barred:
         # Those that wait might have fit there: say so, or the operator looks elsewhere.
         d.unplaced.update({j: f"{why}; not placed on: {barred}" for j, why in d.unplaced.items()})
+    ports, no_ports = assign_ports(state, nodes, placed)
+    if no_ports:
+        d.unplaced.update(no_ports)
+        placed = tuple(p for p in placed if p.job_id not in no_ports)
     for p in placed:
         t = state.tasks[p.task_id]
-        d.events.append(TaskPlaced(t.job_id, p.task_id, t.attempt + 1, p.node_id, now, p.gpu_uuids))
+        d.events.append(
+            TaskPlaced(
+                t.job_id, p.task_id, t.attempt + 1, p.node_id, now, p.gpu_uuids,
+                ports.get(p.task_id, {}),
+            )
+        )  # fmt: skip
     if not placed and covered >= rest:
         state.memo["placement_idle"] = (idle_key, dict(d.unplaced))
 

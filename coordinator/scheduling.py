@@ -25,8 +25,10 @@ from coordinator.placement import (
     TaskRequest,
     commit,
 )
+from coordinator.ports import free_count, range_size
 from coordinator.state import HOLDING, JobRecord, RegionState
 from mesh.schema import NodeState
+from workloads import frameworks
 from workloads.lifecycle import TaskState
 from workloads.spec import JobSpec, TaskGroup
 
@@ -108,7 +110,18 @@ def node_info(view: NodeView, state: RegionState) -> NodeInfo:
         member.partition,
         member.draining,
         member.busy_limit,
+        st.port_range,
+        _ports_free(st, state),
     )
+
+
+def _ports_free(st: NodeState, state: RegionState) -> int:
+    """The node's free ports as placement filters by them: less those its own holding
+    tasks have (the exact pick, per address, is `coordinator.ports` at commit)."""
+    held = state.node_ports.get(st.node_id)
+    if not held:
+        return range_size(st.port_range)
+    return free_count(st.port_range, (p for ports in held.values() for p in ports))
 
 
 def snapshot(
@@ -163,12 +176,13 @@ def _changed_rows(
 
 
 def _measured(st: NodeState) -> tuple:
-    """What a node's row takes from its heartbeat, as the objects that hold it."""
-    return (st.capacity, st.simulated, st.zone, st.labels, st.gpus, st.cpu_percent)
+    """What a node's row takes from its heartbeat, as the objects that hold it (its
+    port range last: a small tuple, compared by value)."""
+    return (st.capacity, st.simulated, st.zone, st.labels, st.gpus, st.cpu_percent, st.port_range)
 
 
 def _same(a: tuple, b: tuple) -> bool:
-    return all(x is y for x, y in zip(a, b, strict=True))
+    return all(x is y for x, y in zip(a[:-1], b[:-1], strict=True)) and a[-1] == b[-1]
 
 
 def shape_of(job: JobRecord, group: TaskGroup) -> Shape:
@@ -185,7 +199,14 @@ def spec_shape(spec: JobSpec, group: TaskGroup) -> Shape:
         p.labels,
         p.gpu_isolation,
         spec.placement_partition,
+        ports_asked(spec, group),
     )
+
+
+def ports_asked(spec: JobSpec, group: TaskGroup) -> int:
+    """How many named ports a task of `group` asks placement for: the most its first
+    two indexes are given (a framework gives task 0, its rendezvous, more)."""
+    return max(len(frameworks.ports_for(spec, group, i)) for i in range(min(group.count, 2) or 1))
 
 
 @lru_cache(maxsize=4096)

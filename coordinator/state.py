@@ -39,6 +39,7 @@ from mesh.schema import (
     TaskStopRequested,
     TaskUpdated,
 )
+from workloads import frameworks
 from workloads.lifecycle import (
     ENDED,
     FINAL,
@@ -91,6 +92,8 @@ class TaskRecord:
     started_at: float | None = None
     finished_at: float | None = None
     history: list[tuple[float, int, str, str, str]] = field(default_factory=list)
+    # Named ports its attempt was given (TaskPlaced.ports); kept after it ends, for status.
+    ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def resources(self) -> Resources:
@@ -119,6 +122,7 @@ class TaskRecord:
             "generation": self.generation,
             "health": self.health,
             "stopping": self.stop_reason,
+            "ports": dict(self.ports),
             "history": [
                 {"ts": ts, "attempt": a, "state": s, "node_id": n, "message": m}
                 for ts, a, s, n, m in self.history
@@ -152,11 +156,21 @@ class JobRecord:
     # placement queue), and the outcome that region reported.
     away: bool = False
     remote_outcome: str = ""
+    # The task whose end ends the job (workloads.frameworks.primary_task), "" none.
+    primary: str = ""
 
     @property
     def state(self) -> JobState:
         if self.remote_outcome:
             return JobState.__members__.get(self.remote_outcome.upper(), JobState.FAILED)
+        if self.primary:
+            outcome = self.primary_outcome()
+            if outcome is not None and not any(
+                self.counts.get(s) for s in (TaskState.PENDING, *HOLDING)
+            ):
+                # Its other tasks were stopped (KILLED) because it ended: the job ends
+                # as the primary did, not KILLED.
+                return outcome
         if self.spec.is_service:
             return self._service_state()
         if not any(self.counts.get(s) for s in UNSETTLED):
@@ -167,6 +181,18 @@ class JobRecord:
             TaskState.PENDING if self.settles_to(t)[0] == TaskState.PENDING else t.state
             for t in self.tasks.values()
         )
+
+    def primary_outcome(self) -> JobState | None:
+        """SUCCEEDED or FAILED once the primary task ended for good (FAILED with no
+        restart left), else None."""
+        t = self.tasks.get(self.primary)
+        if t is None:
+            return None
+        if t.state == TaskState.SUCCEEDED:
+            return JobState.SUCCEEDED
+        if t.state == TaskState.FAILED and self.settles_to(t)[0] is None:
+            return JobState.FAILED
+        return None
 
     def _service_state(self) -> JobState:
         """A service is RUNNING for good once placed: its replicas restart; only a kill
@@ -324,6 +350,12 @@ class RegionState:
         # copies already said stopped (task, attempt, node), so each is logged once.
         self.sites: dict[str, SiteRecorded] = {}
         self.duplicates: set[tuple[str, int, str]] = set()
+        # Named ports of holding tasks: node -> task -> ports (coordinator/ports.py
+        # groups them by address with the cluster view, several agents may share one).
+        self.node_ports: dict[str, dict[str, tuple[int, ...]]] = {}
+        # Jobs whose primary task ended SUCCEEDED or FAILED and that are not killed yet:
+        # the leader ends them with it (reconcile._end_with_primary).
+        self.primary_ended: set[str] = set()
 
     # ------------------------------------------------------------ fold
 
@@ -365,6 +397,7 @@ class RegionState:
                 if not job.away:
                     _add_to(self.pool_pending, job.spec.pool, job.pending_resources, -1)
                 job.kill_requested = True
+                self.primary_ended.discard(job.job_id)
                 self.queue_changes.add(job.job_id)
                 job.kill_reason = ev.reason
                 self.services.discard(job.job_id)
@@ -488,6 +521,9 @@ class RegionState:
                 tid = task_id_for(ev.job_id, group.role, i)
                 tasks[tid] = TaskRecord(tid, ev.job_id, group.role, i, group)
         job = JobRecord(ev.job_id, ev.client_id, spec, ev.ts, tasks, submit_seq=seq)
+        primary = frameworks.primary_task(spec)
+        if primary is not None and task_id_for(ev.job_id, *primary) in tasks:
+            job.primary = task_id_for(ev.job_id, *primary)
         job.pending = len(tasks)
         job.counts = {TaskState.PENDING: len(tasks)}
         job.pending_resources = asked = spec.total_resources
@@ -600,6 +636,7 @@ class RegionState:
         self.node_changes.add(ev.node_id)
         self._pool_hold(task, +1)
         self._grant_gpus(task, +1)
+        self._hold_ports(task, ev.ports)
         self._history(task, ev.ts, "")
         self._recount_due[task.job_id] = self.jobs[task.job_id]
 
@@ -671,6 +708,7 @@ class RegionState:
                 self.node_changes.add(task.node_id)
                 self._pool_hold(task, -1)
                 self._grant_gpus(task, -1)
+                self._free_ports(task)
                 if not held:
                     del self.node_tasks[task.node_id]
                     del self.node_alloc[task.node_id]
@@ -681,6 +719,8 @@ class RegionState:
         self._history(task, ev.ts, ev.message)
         if job.kill_requested:
             self._track_killing(job)
+        if job.primary == task.task_id:
+            self._primary_moved(job, task)
         self._recount_due[job.job_id] = job
 
     def _move(self, task: TaskRecord, new: TaskState) -> None:
@@ -707,6 +747,23 @@ class RegionState:
             self.killing.discard(job.job_id)
         else:
             self.killing.add(job.job_id)
+
+    def _hold_ports(self, task: TaskRecord, ports: dict[str, int]) -> None:
+        task.ports = dict(ports)
+        if ports:
+            self.node_ports.setdefault(task.node_id, {})[task.task_id] = tuple(ports.values())
+
+    def _free_ports(self, task: TaskRecord) -> None:
+        """A task that stops holding gives its ports back to its node's address."""
+        held = self.node_ports.get(task.node_id)
+        if held is not None and held.pop(task.task_id, None) is not None and not held:
+            del self.node_ports[task.node_id]
+
+    def _primary_moved(self, job: JobRecord, task: TaskRecord) -> None:
+        if task.state in (TaskState.SUCCEEDED, TaskState.FAILED) and not job.kill_requested:
+            self.primary_ended.add(job.job_id)
+        else:
+            self.primary_ended.discard(job.job_id)
 
     def _grant_gpus(self, task: TaskRecord, sign: int) -> None:
         """Book (or release) the task's share of each GPU it was given: a fraction of one

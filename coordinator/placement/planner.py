@@ -55,6 +55,8 @@ def _take(w: Working, p: Placement, shape: Shape) -> tuple[int, Shape, tuple[int
     i = w.snap.index.get(p.node_id)
     if i is None or (w.free[i] < request(shape)).any():
         return None
+    if shape.ports and w.ports_free[i] < shape.ports:
+        return None
     uuids = w.snap.g_uuid[i]
     if any(u not in uuids for u in p.gpu_uuids):
         return None

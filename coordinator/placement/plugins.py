@@ -34,6 +34,8 @@ from coordinator.placement.snapshot import (
     NodeRow,
     Working,
 )
+from coordinator.ports import describe as describe_ports
+from coordinator.ports import range_size
 from workloads.quantity import format_bytes, format_gpu
 from workloads.resources import gpu_share
 
@@ -55,6 +57,7 @@ class Shape:
     labels: tuple[tuple[str, str], ...] = ()
     isolation: str = "none"
     partition: str = BATCH  # the partition whose nodes may take it (docs/partitions.md)
+    ports: int = 0  # named ports it is given (coordinator/ports.py)
     # Derived once, as the hash is: plugins read them per node refreshed.
     _hash: int = field(init=False, repr=False, compare=False)
     gpu: int = field(init=False, repr=False, compare=False)
@@ -64,7 +67,14 @@ class Shape:
     level: int = field(init=False, repr=False, compare=False)  # isolation's ISOLATION_LEVEL
 
     def __post_init__(self) -> None:
-        fields = (self.resources, self.simulated, self.labels, self.isolation, self.partition)
+        fields = (
+            self.resources,
+            self.simulated,
+            self.labels,
+            self.isolation,
+            self.partition,
+            self.ports,
+        )
         gpu = self.resources[GPU]
         fractional = 0 < gpu < WHOLE
         whole = gpu // WHOLE if gpu >= WHOLE else 0
@@ -154,6 +164,8 @@ def book(w: Working, i: int, shape: Shape, slots: tuple[int, ...], sign: int = 1
     """Take (sign 1) or give back (sign -1) one task of `shape` on node `i` and its GPU
     `slots`: the one way a placement changes what is free, for the core and the commit."""
     w.free[i] -= sign * request(shape)
+    if shape.ports:
+        w.ports_free[i] -= sign * shape.ports
     each = shape.gpu if shape.fractional else WHOLE
     for j in slots:
         w.g_alloc[i, j] += sign * each
@@ -293,6 +305,30 @@ def _gpu_reason(w: Working, idx: np.ndarray, shape: Shape) -> dict[str, int]:
     return {why: len(idx)}
 
 
+def _ports_offered_ok(w: Working, idx: Index, shape: Shape) -> np.ndarray:
+    return w.snap.port_size[idx] >= shape.ports
+
+
+def _ports_reason(w: Working, idx: np.ndarray, shape: Shape) -> dict[str, int]:
+    out: dict[str, int] = {}
+    nodes = w.snap.nodes
+    for i in idx.tolist():
+        rng = nodes[i].port_range
+        size = range_size(rng)
+        short = 0 < size < shape.ports
+        why = f"offers only {size} ports" if short else describe_ports(rng)
+        out[why] = out.get(why, 0) + 1
+    return out
+
+
+def _ports_free_ok(w: Working, idx: Index, shape: Shape) -> np.ndarray:
+    return w.ports_free[idx] >= shape.ports
+
+
+def _ports_free_ok_one(r: NodeRow, shape: Shape) -> bool:
+    return r.ports_free >= shape.ports
+
+
 FILTERS: tuple[Filter, ...] = (
     Filter("simulation", lambda s: True, _sim_ok, _sim_reason, False),
     Filter("partition", lambda s: True, _partition_ok, _partition_reason, False),
@@ -307,6 +343,18 @@ FILTERS: tuple[Filter, ...] = (
         False,
     ),
     Filter("gpu_fit", lambda s: s.gpu > 0, _gpu_ok, _gpu_reason, True, _gpu_ok_one),
+    # A node with no port range, or too small a one, can never take a task asking ports;
+    # one whose holding tasks took them cannot now (so it is left out of `idle`).
+    Filter("ports", lambda s: s.ports > 0, _ports_offered_ok, _ports_reason, False),
+    Filter(
+        "ports_free",
+        lambda s: s.ports > 0,
+        _ports_free_ok,
+        _ports_reason,
+        True,
+        _ports_free_ok_one,
+        measured=True,
+    ),
 )
 
 

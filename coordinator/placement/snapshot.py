@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coordinator.changes import Changes
+from coordinator.ports import range_size
 from workloads.resources import Resources
 
 KINDS = Resources.KINDS
@@ -56,6 +57,10 @@ class NodeInfo:
     partition: str = ""  # its current partition ("": an undivided region, takes any job)
     draining: bool = False  # cordoned by a partition move: takes no new work
     busy_limit: float = 0.0  # load at or above which it takes no new work; 0: none
+    # Named ports (coordinator/ports.py): its range ((0, 0): none), and how many of it
+    # its holding tasks leave free.
+    port_range: tuple[int, int] = (0, 0)
+    ports_free: int = 0
 
 
 def _row(r: Resources) -> tuple[int, int, int, int, int]:
@@ -78,6 +83,8 @@ _ROW_ARRAYS = (
     "g_free_mem",
     "g_util",
     "g_level",
+    "port_size",
+    "ports_free",
 )
 
 
@@ -102,6 +109,8 @@ class Snapshot:
         self.load = np.array([min(max(x.load, 0.0), 1.0) for x in self.nodes], dtype=np.float64)
         self.busy_limit = np.array([x.busy_limit for x in self.nodes], dtype=np.float64)
         self.draining = np.array([x.draining for x in self.nodes], dtype=bool)
+        self.port_size = np.array([range_size(x.port_range) for x in self.nodes], dtype=np.int64)
+        self.ports_free = np.array([x.ports_free for x in self.nodes], dtype=np.int64)
         zones = sorted({x.zone for x in self.nodes})
         self.zones = zones
         zone_of = {z: i for i, z in enumerate(zones)}
@@ -186,6 +195,8 @@ class Snapshot:
             "busy_limit",
             "draining",
             "gpu_count",
+            "port_size",
+            "ports_free",
         ):
             getattr(new, name)[idx] = getattr(part, name)
         new.zone[idx] = [zone_of[part.zones[z]] for z in part.zone]
@@ -264,6 +275,7 @@ class NodeRow:
     g_util: list[float]
     g_alloc: list[int]
     g_free_mem: list[int]
+    ports_free: int = 0
 
 
 class Working:
@@ -274,6 +286,7 @@ class Working:
         self.free = snap.free.copy()
         self.g_alloc = snap.g_alloc.copy()
         self.g_free_mem = snap.g_free_mem.copy()
+        self.ports_free = snap.ports_free.copy()
 
     def row(self, i: int) -> NodeRow:
         """Node `i` as it stands now (what is free read afresh on each call)."""
@@ -288,4 +301,5 @@ class Working:
             util,
             self.g_alloc[i].tolist(),
             self.g_free_mem[i].tolist(),
+            self.ports_free[i].item(),
         )
