@@ -23,7 +23,13 @@ import time
 from pathlib import Path
 
 from workloads.frameworks import FILES_PREFIX, Launch, Peer, TaskContext
-from workloads.frameworks.spark import JAVA_TOOL_OPTIONS, MASTER_WAIT_S, WAIT_SCRIPT, ports, spark
+from workloads.frameworks.spark import (
+    JAVA_TOOL_OPTIONS,
+    MASTER_WAIT_S,
+    WAIT_SCRIPT,
+    ports_for,
+    spark,
+)
 from workloads.resources import Resources
 from workloads.spec import JobSpec, TaskGroup
 
@@ -159,8 +165,9 @@ def _spec(command: tuple[str, ...]) -> JobSpec:
 def _placed(spec: JobSpec, free: list[int]) -> tuple[Peer, ...]:
     """Every task of the spec on 127.0.0.1, its named ports taken from ``free``."""
     it = iter(free)
+    names = {g.role: g.ports + ports_for(spec, g, 0) for g in spec.tasks}
     return tuple(
-        Peer(g.role, i, "127.0.0.1", tuple(sorted((n, next(it)) for n in ports(spec, g, i))))
+        Peer(g.role, i, "127.0.0.1", tuple(sorted((n, next(it)) for n in names[g.role])))
         for g in spec.tasks
         for i in range(g.count)
     )

@@ -16,7 +16,9 @@ from workloads.frameworks.spark import (
     WAIT_SCRIPT,
     WORKER_CLASS,
     executor_memory,
-    ports,
+    ports_for,
+    primary,
+    rendezvous,
     spark,
 )
 from workloads.resources import Resources
@@ -170,19 +172,17 @@ def test_the_frameworks_variables_win_over_the_groups():
     assert env["SPARK_LOCAL_IP"] == "10.0.0.3" and env["MESH_TASK_INDEX"] == "1"
 
 
-def test_ports_add_the_roles_own_to_the_groups():
+def test_each_role_is_given_its_own_ports():
     spec = _spec()
     master, worker, driver = spec.tasks
-    assert ports(spec, master, 0) == ("spark", "webui")
-    assert ports(spec, worker, 3) == ("spark", "webui")
-    assert ports(spec, driver, 0) == ("driver", "blockmanager", "webui")
-    metrics = TaskGroup("worker", ports=("metrics", "webui"))
-    assert ports(spec, metrics, 0) == ("metrics", "webui", "spark")
+    assert ports_for(spec, master, 0) == ("spark", "webui")
+    assert ports_for(spec, worker, 3) == ("spark", "webui")
+    assert ports_for(spec, driver, 0) == ("driver", "blockmanager", "webui")
 
 
 def test_rendezvous_is_the_master_and_the_driver_ends_the_job():
-    assert RENDEZVOUS == ("master", 0)
-    assert PRIMARY == ("driver", 0)
+    assert rendezvous(_spec()) == RENDEZVOUS == ("master", 0)
+    assert primary(_spec()) == PRIMARY == ("driver", 0)
 
 
 def test_missing_master_or_port_is_a_clear_error():

@@ -51,7 +51,9 @@ __all__ = [
     "PRIMARY",
     "RENDEZVOUS",
     "executor_memory",
-    "ports",
+    "ports_for",
+    "primary",
+    "rendezvous",
     "spark",
 ]
 
@@ -101,10 +103,17 @@ os.execvp(sys.argv[4], sys.argv[4:])
 '''
 
 
-def ports(spec: JobSpec, group: TaskGroup, index: int) -> tuple[str, ...]:
-    """The group's named ports, then the ones its Spark role needs (none twice)."""
-    extra = PORTS.get(group.role, ())
-    return group.ports + tuple(p for p in extra if p not in group.ports)
+def ports_for(spec: JobSpec, group: TaskGroup, index: int) -> tuple[str, ...]:
+    """The ports a task's Spark role needs besides its group's own."""
+    return PORTS.get(group.role, ())
+
+
+def rendezvous(spec: JobSpec) -> tuple[str, int]:
+    return RENDEZVOUS
+
+
+def primary(spec: JobSpec) -> tuple[str, int]:
+    return PRIMARY
 
 
 def spark(spec: JobSpec, group: TaskGroup, ctx: TaskContext) -> Launch:
