@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from workloads.frameworks import FILES_PREFIX, Launch, Peer, TaskContext
 from workloads.frameworks.spark import (
     JAVA_TOOL_OPTIONS,
@@ -73,9 +75,12 @@ def _materialize(launch: Launch, root: Path) -> tuple[list[str], dict[str, str]]
     return [sub(a) for a in launch.argv], env
 
 
-def _pgids() -> dict[int, list[str]]:
-    """Every live process's group and command line, from /proc."""
-    out: dict[int, list[str]] = collections.defaultdict(list)
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _procs() -> list[tuple[int, int, str]]:
+    """(process group, resident bytes, command line) of every live process, from /proc."""
+    out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -86,8 +91,20 @@ def _pgids() -> dict[int, list[str]]:
             continue
         fields = stat.rsplit(")", 1)[1].split()
         if fields[0] != "Z":
-            out[int(fields[2])].append(cmd[:120])
+            out.append((int(fields[2]), int(fields[21]) * _PAGE, cmd[:120]))
     return out
+
+
+def _working_in(root: Path) -> list[str]:
+    """Live processes whose working directory is under root."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and Path(os.readlink(f"/proc/{entry}/cwd")).is_relative_to(root):
+                found.append(Path(f"/proc/{entry}/cmdline").read_bytes()[:120].decode())
+        except OSError:
+            continue
+    return found
 
 
 # (phase, log, line that marks its end, how many of them)
@@ -100,20 +117,34 @@ _PHASES = (
 )
 
 
-def _watch(driver: subprocess.Popen[bytes], logs: dict[str, Path], t0: float, timeout: float):
-    """Wait for the driver to end, noting when each phase's log line first appeared."""
+def _watch(started: dict[str, subprocess.Popen[bytes]], logs: dict[str, Path], t0: float):
+    """Wait for the driver to end, noting when each phase's log line first appeared and
+    each task's peak resident memory (its process group's, as a cgroup would count it).
+    A master or worker that exits first fails the test at once, with its log."""
     seen: dict[str, float] = {}
-    deadline = t0 + timeout
-    while driver.poll() is None and time.monotonic() < deadline:
+    peak = dict.fromkeys(started, 0)
+    group = {proc.pid: name for name, proc in started.items()}
+    driver = started["driver-0"]
+    while driver.poll() is None and time.monotonic() < t0 + 120:
+        for name, proc in started.items():
+            if proc is not driver and proc.poll() is not None:
+                tail = logs[name].read_text(errors="replace")[-3000:]
+                pytest.fail(f"{name} exited {proc.returncode} before the driver:\n{tail}")
         for phase, name, line, n in _PHASES:
             if phase not in seen and logs[name].read_text(errors="replace").count(line) >= n:
                 seen[phase] = time.monotonic() - t0
+        rss: dict[str, int] = collections.Counter()
+        for pgid, resident, _ in _procs():
+            if pgid in group:
+                rss[group[pgid]] += resident
+        for name, total in rss.items():
+            peak[name] = max(peak[name], total)
         time.sleep(0.1)
     if driver.poll() is None:
         driver.kill()
     driver.wait()
     seen["driver exit"] = time.monotonic() - t0
-    return seen
+    return seen, peak
 
 
 def _words(path: Path) -> collections.Counter[str]:
@@ -201,7 +232,7 @@ def test_master_two_workers_and_a_driver_count_words(tmp_path):
                 )
             if peer.role == "driver":
                 time.sleep(0.5)  # the master comes up late
-        phases = _watch(started["driver-0"], logs, t0, timeout=150)
+        phases, peak = _watch(started, logs, t0)
         rc = started["driver-0"].returncode
         driver_log = logs["driver-0"].read_text(errors="replace")
         assert rc == 0, driver_log[-4000:]
@@ -214,6 +245,9 @@ def test_master_two_workers_and_a_driver_count_words(tmp_path):
             text = logs[name].read_text(errors="replace")
             assert "Successfully registered with master" in text, text[-3000:]
             assert "Retrying connection to master" not in text  # it waited, then connected
+        for name, resident in peak.items():  # the memory rule holds with room to spare
+            asked = groups[name.split("-")[0]].resources.memory
+            assert 0 < resident < asked, f"{name}: {resident / MiB:.0f} of {asked / MiB:.0f} MiB"
     finally:
         t1 = time.monotonic()
         for proc in started.values():
@@ -227,11 +261,12 @@ def test_master_two_workers_and_a_driver_count_words(tmp_path):
                 proc.wait()
     groups_ids = {p.pid for p in started.values()}
     deadline = time.monotonic() + 15
-    while (left := {g: c for g, c in _pgids().items() if g in groups_ids}) and (
-        time.monotonic() < deadline
-    ):
+    while (left := [p for p in _procs() if p[0] in groups_ids]) and time.monotonic() < deadline:
         time.sleep(0.2)
     t_stop = time.monotonic() - t1
     assert not left, f"left behind after the cluster stopped: {left}"
+    assert not _working_in(tmp_path)  # nothing escaped its group either (an executor's cwd)
     shown = ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
+    rss = ", ".join(f"{k} {v / MiB:.0f}" for k, v in peak.items())
     print(f"spark phases (s from the first start): {shown}; stop {t_stop:.1f}")
+    print(f"spark peak resident MiB: {rss}")

@@ -30,11 +30,17 @@ executors of exactly that size, since a standalone executor larger than its work
 offer is never launched. Spark refuses a heap under 450 MiB, so a worker needs at
 least ``MIN_WORKER_MEMORY`` and the driver ``MIN_DRIVER_MEMORY``.
 
+Measured (tests/integration/test_spark_adapter.py, 512 MiB heaps): peak resident
+memory of a worker task (daemon, executor, Python worker) 453 MiB, the driver's (JVM and
+Python) 381 MiB, the master's 156 MiB; so the master needs about 256 MiB at least.
+
 ``JAVA_TOOL_OPTIONS`` shrinks what each JVM reserves (not what it uses): an agent that
 limits memory with ``ulimit -v`` (its rlimit mode, without cgroups) caps address space,
 and a default JVM reserves over 2 GiB of it even with a 128 MiB heap (measured: ``java
--Xmx128m -version`` fails under 2 GiB, runs under 1 GiB with these flags; the whole
-cluster ran with 1.25 GiB per process). A group's env may set its own.
+-Xmx128m -version`` fails under 2 GiB, runs under 640 MiB with these flags and
+MALLOC_ARENA_MAX=2; a 512 MiB heap needs 1 GiB; the whole cluster ran with 1.25 GiB per
+process, and a master under 512 MiB failed to reserve its metaspace). Under cgroups
+(resident memory) the sizes above suffice. A group's env may set its own options.
 """
 
 from __future__ import annotations
