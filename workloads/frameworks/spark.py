@@ -16,8 +16,9 @@ scripts there, and they find their Spark home and ``java`` themselves.
 
 Why the workers and the driver wait for the master before they start Spark: a worker
 that finds no master retries only after 5 to 15 s (Worker.scala's fuzzed 10 s), and the
-driver's app client after 20 s; measured here, a master one second late delayed a
-worker's registration to 12.4 s. The gang starts its tasks at about the same moment,
+driver's app client after 20 s (StandaloneAppClient: 3 tries, 20 s apart, fixed in the
+4.0.1 jar); measured here, a master one second late delayed a worker's registration to
+12.4 s. The gang starts its tasks at about the same moment,
 so each worker and the driver first run ``wait_master.py`` (written to their files
 directory), which polls the master's port every 0.1 s and then becomes the Spark
 command (exec), or fails the task, naming the master, after ``MASTER_WAIT_S``.
