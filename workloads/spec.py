@@ -35,6 +35,7 @@ from workloads.quantity import (
     parse_gpu,
 )
 from workloads.resources import Resources
+from workloads.spark_memory import MASTER_CPU, MASTER_MEMORY
 
 __all__ = [
     "DEFAULT_CPU",
@@ -212,7 +213,7 @@ class PlacementPolicy:
 
 DEFAULT_PLACEMENT = PlacementPolicy()
 # The master a spark job that names none is given: the framework supplies its command.
-_SPARK_MASTER = TaskGroup("master", resources=Resources(cpu=DEFAULT_CPU, memory=DEFAULT_MEMORY))
+_SPARK_MASTER = TaskGroup("master", resources=Resources(cpu=MASTER_CPU, memory=MASTER_MEMORY))
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from workloads.quantity import SpecError, _show
+from workloads.quantity import SpecError, _show, format_bytes
+from workloads.spark_memory import MIN_DRIVER_MEMORY, MIN_WORKER_MEMORY
 
 if TYPE_CHECKING:
     from workloads.spec import TaskGroup
@@ -204,6 +205,9 @@ def _workers_group(
     return (_sized(tasks[0], raw, 0, workers),)
 
 
+_SPARK_MIN_MEMORY = {"worker": MIN_WORKER_MEMORY, "driver": MIN_DRIVER_MEMORY}
+
+
 def _spark(
     tasks: tuple[TaskGroup, ...], raw: object, workers: int | None, master: TaskGroup
 ) -> tuple[TaskGroup, ...]:
@@ -219,6 +223,13 @@ def _spark(
         elif group.count != 1:
             raise SpecError(
                 f"tasks[{i}].count", f"a spark job has one {group.role}, got {group.count}"
+            )
+        least = _SPARK_MIN_MEMORY.get(group.role, 0)
+        if group.resources.memory < least:
+            raise SpecError(
+                f"tasks[{i}].resources.memory",
+                f"a spark {group.role} needs at least {format_bytes(least)} (its JVM's heap "
+                f"and overhead), got {format_bytes(group.resources.memory)}",
             )
         groups[group.role] = group
     if "worker" not in groups:

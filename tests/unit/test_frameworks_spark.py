@@ -8,9 +8,6 @@ from workloads.frameworks import FILES_PREFIX, Peer, TaskContext
 from workloads.frameworks.spark import (
     JAVA_TOOL_OPTIONS,
     MASTER_CLASS,
-    MIN_DRIVER_MEMORY,
-    MIN_HEAP,
-    MIN_WORKER_MEMORY,
     PRIMARY,
     RENDEZVOUS,
     WAIT_SCRIPT,
@@ -22,6 +19,7 @@ from workloads.frameworks.spark import (
     spark,
 )
 from workloads.resources import Resources
+from workloads.spark_memory import MIN_DRIVER_MEMORY, MIN_HEAP, MIN_WORKER_MEMORY
 from workloads.spec import JobSpec, TaskGroup
 
 MiB = 2**20

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from workloads import SpecError, parse_job_spec
-from workloads.spec import DEFAULT_CPU, DEFAULT_MEMORY, MAX_COUNT, MAX_RETRIES, MAX_TASKS
+from workloads.spark_memory import MASTER_CPU, MASTER_MEMORY
+from workloads.spec import MAX_COUNT, MAX_RETRIES, MAX_TASKS
 from workloads.training import ELASTIC_FRAMEWORKS, FRAMEWORKS, MAX_PORTS, MAX_SLOTS
 
 WORKER = {"role": "worker", "command": ["python", "train.py"], "resources": {"cpu": 1}}
@@ -20,7 +21,23 @@ def _train(framework: str = "pytorch-elastic", tasks: list | None = None, **fiel
 
 def _spark(tasks: list | None = None, **fields) -> dict:
     default = [{"role": "worker"}, {"role": "driver", "command": ["wordcount.py", "in.txt"]}]
-    return _train("spark", tasks or default, **fields)
+    return _train("spark", [_jvm_sized(g) for g in tasks or default], **fields)
+
+
+def _jvm_sized(group: dict) -> dict:
+    """A spark worker or driver with room for its JVM (workloads/spark_memory.py)."""
+    if group.get("role") in ("worker", "driver") and "resources" not in group:
+        return {**group, "resources": {"memory": "2Gi"}}
+    return group
+
+
+def test_a_spark_worker_or_driver_too_small_for_its_jvm_is_refused():
+    small = {"role": "worker", "resources": {"memory": "512Mi"}}
+    err = _error(_spark([small, DRIVER]))
+    assert err.field == "tasks[0].resources.memory"
+    assert "a spark worker needs at least" in str(err)
+    small_driver = {**DRIVER, "resources": {"memory": "256Mi"}}
+    assert _error(_spark([{"role": "worker"}, small_driver])).field == "tasks[1].resources.memory"
 
 
 DRIVER = {"role": "driver", "command": "x"}
@@ -136,7 +153,8 @@ def test_spark_adds_its_master():
     assert [(g.role, g.count) for g in spec.tasks] == [("master", 1), ("worker", 3), ("driver", 1)]
     master = spec.tasks[0]
     assert master.command == () and master.simulate is None
-    assert (master.resources.cpu, master.resources.memory) == (DEFAULT_CPU, DEFAULT_MEMORY)
+    # Room for its JVM (~156 MiB resident): not the 64Mi of a task that names none.
+    assert (master.resources.cpu, master.resources.memory) == (MASTER_CPU, MASTER_MEMORY)
     assert spec.tasks[1].command == ()  # the framework starts the worker daemon
     assert spec.tasks[2].command == ("wordcount.py", "in.txt")
     assert not spec.is_elastic and spec.min_tasks is None
@@ -146,7 +164,7 @@ def test_spark_adds_its_master():
 def test_spark_keeps_a_given_master_and_order():
     tasks = [
         {"role": "driver", "command": ["app.py"]},
-        {"role": "worker", "count": 2, "resources": {"cpu": 2}},
+        {"role": "worker", "count": 2, "resources": {"cpu": 2, "memory": "2Gi"}},
         {"role": "master", "resources": {"cpu": 1}},
     ]
     spec = parse_job_spec(_spark(tasks))

@@ -553,6 +553,12 @@ def _training(draw, roles: list[str]) -> dict:
         spark_roles = draw(st.permutations(["master", "worker", "driver"]))
         groups = [draw(_task_groups(r, commandless=r != "driver")) for r in spark_roles]
         groups = [g if g.role == "worker" else replace(g, count=1) for g in groups]
+        groups = [  # room for a worker's or a driver's JVM (workloads/spark_memory.py)
+            replace(g, resources=replace(g.resources, memory=max(g.resources.memory, 2**31)))
+            if g.role != "master"
+            else g
+            for g in groups
+        ]
         return {**fields, "tasks": tuple(groups)}
     group = draw(_task_groups(roles[0]))
     if framework in ("pytorch-elastic", "horovod-elastic") and draw(st.booleans()):

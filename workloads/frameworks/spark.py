@@ -47,6 +47,14 @@ process, and a master under 512 MiB failed to reserve its metaspace). Under cgro
 from __future__ import annotations
 
 from workloads.frameworks import FILES_PREFIX, Launch, Peer, TaskContext, common_env
+from workloads.spark_memory import (
+    DAEMON_FOOTPRINT,
+    DAEMON_HEAP,
+    MIN_DRIVER_MEMORY,
+    MIN_OVERHEAD,
+    MIN_WORKER_MEMORY,
+    MiB,
+)
 from workloads.spec import JobSpec, TaskGroup
 
 __all__ = [
@@ -64,7 +72,6 @@ __all__ = [
     "spark",
 ]
 
-MiB = 2**20
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 # The named ports each role is given, besides its group's own: the daemons' RPC port
@@ -78,12 +85,6 @@ PORTS = {
 RENDEZVOUS = ("master", 0)  # placed first, preempted last: everything meets here
 PRIMARY = ("driver", 0)  # its end is the job's end
 MASTER_WAIT_S = 120  # how long a worker or the driver waits for the master's port
-DAEMON_HEAP = 128 * MiB  # SPARK_DAEMON_MEMORY of the master (at least) and the worker
-DAEMON_FOOTPRINT = 2 * DAEMON_HEAP  # a daemon's resident size: measured ~200 MiB
-MIN_OVERHEAD = 384 * MiB
-MIN_HEAP = 450 * MiB  # Spark's floor (UnifiedMemoryManager: 300 MiB reserved * 1.5)
-MIN_DRIVER_MEMORY = MIN_HEAP + MIN_OVERHEAD
-MIN_WORKER_MEMORY = MIN_HEAP + MIN_OVERHEAD + DAEMON_FOOTPRINT
 JAVA_TOOL_OPTIONS = (
     "-XX:CompressedClassSpaceSize=64m -XX:ReservedCodeCacheSize=64m "
     "-XX:MaxMetaspaceSize=192m -Xss512k"
