@@ -7,6 +7,7 @@ stops a task (its whole process group: scale down); the job completes with its s
 continuous, the loss falling and the world size 2 -> 3 -> 2. Static: 2 agents, then all
 killed and 3 started at the new size from the checkpoint (the restart baseline a resize
 is compared with). The resize times are printed (pytest -s) for docs/training.md.
+slots_per_node > 1 (torchrun's --nproc-per-node) is covered by the unit tests only.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from mesh.server import free_port
@@ -155,12 +155,12 @@ def test_elastic_scale_up_and_down(tmp_path: Path) -> None:
         agents.start("w1", launch(1, 1, 2))
         _until(lambda: _first_at(ckpt, 2, t0), 40, "training at 2", agents)
         first = _first_at(ckpt, 2, t0)["ts"] - t0
-        _until(lambda: len(_steps(ckpt)) >= 30, 20, "30 steps at 2", agents)
+        _until(lambda: len(_steps(ckpt)) >= 20, 20, "20 steps at 2", agents)
 
         up = time.time()
         agents.start("w2", launch(2, 2, 3))
         at3 = _until(lambda: _first_at(ckpt, 3, up), 40, "training at 3", agents)
-        _until(lambda: _steps(ckpt)[-1]["step"] >= at3["step"] + 30, 20, "30 at 3", agents)
+        _until(lambda: _steps(ckpt)[-1]["step"] >= at3["step"] + 20, 20, "20 at 3", agents)
 
         down = time.time()
         agents.term("w2")
@@ -186,7 +186,7 @@ def test_static_two_workers_and_restart_at_three(tmp_path: Path) -> None:
     """Static DDP; then every agent killed and the job started again at 3 from the
     checkpoint: what a resize costs without elasticity."""
     ckpt = tmp_path / "ckpt"
-    total = 120
+    total = 100
     agents = Agents(tmp_path)
 
     def start(size: int, generation: int) -> None:
@@ -203,7 +203,7 @@ def test_static_two_workers_and_restart_at_three(tmp_path: Path) -> None:
         t0 = time.time()
         start(2, 1)
         _until(lambda: _first_at(ckpt, 2, t0), 40, "training at 2", agents)
-        _until(lambda: len(_steps(ckpt)) >= 30, 20, "30 steps at 2", agents)
+        _until(lambda: len(_steps(ckpt)) >= 20, 20, "20 steps at 2", agents)
         kill = time.time()
         for name in ("g1w0", "g1w1"):
             agents.term(name)
@@ -219,19 +219,3 @@ def test_static_two_workers_and_restart_at_three(tmp_path: Path) -> None:
     assert worlds == [2, 3]
     assert repeats == 0
     print(f"\nstatic restart 2->3 (kill all, start all): {at3['ts'] - kill:.1f}s")
-
-
-def test_static_env_is_what_torchrun_gives_rank_zero(tmp_path: Path) -> None:
-    """The env the static adapter sets agrees with the world torchrun builds: tiny.py's
-    log (rank 0) reports WORLD_SIZE = nodes x slots."""
-    ckpt = tmp_path / "ckpt"
-    spec = replace(_spec("pytorch", 1, ckpt, 15), slots_per_node=2)
-    peers = (Peer("worker", 0, HOST, (("master", free_port()),)),)
-    launch = pytorch(spec, spec.tasks[0], TaskContext("job-s", "worker", 0, 1, peers))
-    agents = Agents(tmp_path)
-    try:
-        agents.start("w0", launch)
-        assert agents.wait("w0", 60) == 0, agents.output("w0")
-    finally:
-        agents.close()
-    assert {x["world_size"] for x in _steps(ckpt)} == {int(dict(launch.env)["WORLD_SIZE"])} == {2}

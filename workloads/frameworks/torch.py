@@ -7,17 +7,18 @@ A job of either framework has one task group, its workers; task ``i`` runs
 - ``pytorch`` (a fixed size, DDP): torchrun's static rendezvous at task 0's ``master``
   port, ``--node-rank i``. Task 0 is the rendezvous task; there is no primary task, each
   agent exits when its workers end. ``--max-restarts 0``: torchrun's in-place restarts
-  and Mesh's re-placements do not mix under a static rendezvous (a re-placed agent starts
-  a fresh store at restart 0 while the survivors wait at restart 1), so every failure
-  surfaces to Mesh, which must restart the whole group.
+  and Mesh's re-placements do not mix under a static rendezvous (a re-placed agent would
+  start at restart 0 while the survivors wait at restart 1: read in torch, not
+  measured), so every failure surfaces to Mesh, which must restart the whole group.
 - ``pytorch-elastic``: ``--nnodes MIN:MAX`` and the c10d rendezvous hosted by task 0's
   agent on its ``rdzv`` port (``is_host`` pinned, so no other agent on that host can take
   the port first and take the store down with it when it is scaled away: pytorch#67742).
   Task 0 is the rendezvous and the primary task (its agent exits 0 when training is
-  done). A scale-up costs nothing in torchrun's budget; a scale-down does: the
-  survivors' workers see their peer's connection close, which torchrun counts as a
-  failure. So ``--max-restarts`` is ``max_restarts + RESIZE_ALLOWANCE``; Mesh itself
-  counts only task failures (an agent that exits non-zero) against ``max_restarts``.
+  done). A scale-down costs one of torchrun's restarts on every survivor (their
+  workers see their peer's connection close, which torchrun counts as a failure), and a
+  scale-up may cost one too. So ``--max-restarts`` is ``max_restarts +
+  RESIZE_ALLOWANCE``; Mesh itself counts only task failures (an agent that exits
+  non-zero) against ``max_restarts``.
 
 Why ``python -m torch.distributed.run`` and not ``torchrun``: the agent's task PATH
 starts with the directory of the agent's own interpreter (agent/executor.py), so
@@ -51,9 +52,11 @@ __all__ = [
 
 MASTER_PORT = "master"  # pytorch: task 0's static rendezvous (TCPStore) port
 ELASTIC_PORT = "rdzv"  # pytorch-elastic: task 0's c10d rendezvous store port
-# torchrun's in-place restarts a pytorch-elastic agent may spend on scale-downs, on top
-# of the job's max_restarts: each shrink costs every survivor one. When an agent runs
-# out it exits non-zero; Mesh counts a failure and starts it again, and it rejoins as a
+# torchrun's in-place restarts a pytorch-elastic agent may spend on resizes, on top of
+# the job's max_restarts: each shrink costs every survivor one, and a grow may cost one
+# too (an agent whose workers see their peers stop for the newcomer before its own
+# monitor notices the newcomer counts a failure; measured). When an agent runs out it
+# exits non-zero; Mesh counts a failure and starts it again, and it rejoins as a
 # scale-up with a fresh budget.
 RESIZE_ALLOWANCE = 10
 # The c10d rendezvous settings that make a resize take seconds (measured in
