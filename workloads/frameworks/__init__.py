@@ -149,8 +149,15 @@ def _hooks(module: ModuleType, adapter: Adapter) -> Framework:
 
 REGISTRY: dict[str, Framework] = {
     "batch": Framework(_batch),
-    "pytorch": _hooks(torch, torch.pytorch),
-    "pytorch-elastic": _hooks(torch, torch.pytorch_elastic),
+    "pytorch": Framework(
+        torch.pytorch, torch.pytorch_ports, torch.rendezvous_task, torch.primary_task
+    ),
+    "pytorch-elastic": Framework(
+        torch.pytorch_elastic,
+        torch.pytorch_elastic_ports,
+        torch.rendezvous_task,
+        torch.primary_task,
+    ),
     "horovod-elastic": _hooks(horovod, horovod.horovod_elastic),
     "mpi": _hooks(mpi, mpi.mpi),
     "spark": _hooks(spark, spark.spark),
