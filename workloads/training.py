@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from workloads.quantity import SpecError, _show, format_bytes
 from workloads.spark_memory import MIN_DRIVER_MEMORY, MIN_WORKER_MEMORY
+from workloads.torchrun import torchrun_command
 
 if TYPE_CHECKING:
     from workloads.spec import TaskGroup
@@ -133,6 +134,13 @@ def parse(
         groups = _spark(tasks, raw, high, spark_master)
     else:
         groups = _workers_group(tasks, raw, framework, high)
+        simulated = groups[0].simulate is not None and not groups[0].command
+        if framework in ("pytorch", "pytorch-elastic") and not simulated:
+            at = next(i for i, g in enumerate(tasks) if g.role == groups[0].role)
+            try:
+                torchrun_command(groups[0].command)
+            except SpecError as exc:
+                raise SpecError(f"tasks[{at}].command", exc.problem) from None
     elastic = low is not None and low != high
     return Training(
         framework=framework,

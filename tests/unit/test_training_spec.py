@@ -282,3 +282,10 @@ def test_yaml_nulls_are_not_given():
     )
     assert spec.tasks[0].count == 2 and spec.tasks[0].ports == ()
     assert (spec.slots_per_node, spec.max_restarts) == (1, 3)
+
+
+def test_a_command_torchrun_cannot_run_is_refused_at_submit():
+    err = _error(_train("pytorch", [{**WORKER, "command": ["torchrun", "train.py"]}]))
+    assert err.field == "tasks[0].command" and "Mesh runs torchrun" in str(err)
+    err = _error(_train("pytorch-elastic", [{**WORKER, "command": ["python", "-X", "dev"]}]))
+    assert err.field == "tasks[0].command"

@@ -29,12 +29,10 @@ its workers with that same interpreter. A command that names its interpreter kee
 
 from __future__ import annotations
 
-import os.path
-import re
-
 from workloads.frameworks import Launch, TaskContext, common_env
 from workloads.quantity import SpecError
 from workloads.spec import JobSpec, TaskGroup
+from workloads.torchrun import torchrun_command
 
 __all__ = [
     "ELASTIC_PORT",
@@ -75,7 +73,6 @@ RDZV_CONF: tuple[tuple[str, str], ...] = (
     ("keep_alive_interval", "1"),
     ("keep_alive_max_attempt", "3"),
 )
-_PYTHON = re.compile(r"python(\d+(\.\d+)*)?")
 
 
 def pytorch_ports(spec: JobSpec, group: TaskGroup, index: int) -> tuple[str, ...]:
@@ -146,46 +143,17 @@ def pytorch_elastic(spec: JobSpec, group: TaskGroup, ctx: TaskContext) -> Launch
     return _launch(group, ctx, flags, env)
 
 
-def torchrun_command(command: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(launcher, target): ``launcher + flags + target`` runs ``command`` under torchrun.
-
-    Accepted: ``python[3[.X]] [-u] script.py args`` and ``python -m module args`` (any
-    path to a Python interpreter: that one runs torchrun and the workers; ``-u`` is
-    dropped, torchrun passes it), ``script.py args`` (run by ``python``), and any other
-    program (``--no-python``: torchrun runs it as is, a ``/bin/sh -c`` string included).
-    Refused: torchrun itself (Mesh runs it) and other interpreter options.
-    """
-    if not command:
-        raise SpecError("command", "a pytorch job needs a command: the training script")
-    head, rest = command[0], list(command[1:])
-    base = os.path.basename(head)
-    if base == "torchrun" or tuple(rest[:2]) == ("-m", "torch.distributed.run"):
-        raise SpecError("command", "give the training script and its arguments; Mesh runs torchrun")
-    if _PYTHON.fullmatch(base):
-        while rest[:1] == ["-u"]:
-            rest.pop(0)
-        if rest[:1] == ["-m"] and len(rest) >= 2:
-            return (head, "-m", "torch.distributed.run"), ("--module", *rest[1:])
-        if not rest or rest[0].startswith("-"):
-            raise SpecError(
-                "command",
-                f"expected {base} [-u] SCRIPT ARGS or {base} -m MODULE ARGS, got "
-                f"{' '.join(command)[:200]!r}",
-            )
-        return (head, "-m", "torch.distributed.run"), tuple(rest)
-    if base.endswith(".py"):
-        return ("python", "-m", "torch.distributed.run"), command
-    return ("python", "-m", "torch.distributed.run"), ("--no-python", *command)
-
-
 def _launch(
     group: TaskGroup,
     ctx: TaskContext,
     flags: tuple[tuple[str, str], ...],
     env: dict[str, str],
 ) -> Launch:
-    launcher, target = torchrun_command(group.command)
-    argv = (*launcher, *(x for pair in flags for x in pair), *target)
+    if group.simulate is not None and not group.command:
+        argv: tuple[str, ...] = ()  # a hollow node's simulated run: nothing to start
+    else:
+        launcher, target = torchrun_command(group.command)
+        argv = (*launcher, *(x for pair in flags for x in pair), *target)
     merged = {**dict(group.env), **common_env(ctx), **env}
     return Launch(argv, tuple(sorted(merged.items())))
 
