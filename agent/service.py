@@ -592,7 +592,9 @@ class Agent:
         if probe is None or not probe.argv:
             return
         key = (rec.task_id, rec.attempt)
-        check_spec = replace(exec_spec, argv=probe.argv, max_run_time_s=None)
+        files_dir = str(self.executor.files_dir(exec_spec.task_id))
+        argv = expand_argv(probe.argv, files_dir)  # it may name the run's files too
+        check_spec = replace(exec_spec, argv=argv, max_run_time_s=None, files=())
 
         async def check() -> tuple[bool, str]:
             return await self.executor.check(check_spec, probe.timeout_s)
@@ -846,10 +848,13 @@ class Agent:
             return
         if a.spec is None or a.spec.health is None:
             return
+        exec_id = _exec_id(a.task_id, a.attempt)
+        files_dir = str(self.executor.files_dir(exec_id))
+        env = {**expand_env(dict(a.spec.env), files_dir), **files_env(files_dir)}
         exec_spec = ExecSpec(
-            task_id=_exec_id(a.task_id, a.attempt),
+            task_id=exec_id,
             argv=a.spec.argv,
-            env=tuple(sorted(a.spec.env.items())),
+            env=tuple(sorted(env.items())),
             cwd=a.spec.workdir,
         )
         self._check_health(rec, exec_spec, a.spec.health)
