@@ -577,8 +577,6 @@ class Agent:
                 await publish_event(self.js, self.region, ev, self.site)
             except Exception as exc:  # the next change is reported anyway
                 log.info("progress %d of %s#%d not sent: %s", value, *key, exc)
-            if gate.ignored == 1:
-                log.warning("%s#%d: its progress file holds no integer; ignored", *key)
 
         task = asyncio.create_task(progress_loop(path, send, gate), name=f"progress:{key[0]}")
         self._progress[key] = task

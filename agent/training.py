@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import ipaddress
+import logging
 import os
 import socket
 import time
@@ -31,6 +32,8 @@ PROGRESS_FILE = "progress"
 PROGRESS_EVERY_S = 1.0  # how often the agent reads a task's progress file
 PROGRESS_MIN_GAP_S = 2.0  # the least time between two progress reports of one task
 _MAX_PROGRESS_BYTES = 64
+
+log = logging.getLogger("mesh.agent")
 
 
 # ---------------------------------------------------------------- the node's range
@@ -260,6 +263,9 @@ async def progress_loop(
     clock = clock or time.monotonic
     while True:
         await asyncio.sleep(every_s)
+        ignored = gate.ignored
         value = gate.offer(read_progress(path), clock())
+        if gate.ignored == 1 and ignored == 0:
+            log.warning("%s holds no integer step count: ignored (and counted)", path)
         if value is not None:
             await send(value)
