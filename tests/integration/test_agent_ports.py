@@ -20,6 +20,7 @@ from mesh import subjects
 from mesh.codec import decode, encode
 from mesh.connect import close_quietly, connect
 from mesh.schema import Assignment, NodeState, TaskEvent, TaskSpec, decode_task_events
+from mesh.server import EmbeddedServer, ServerConfig
 from workloads.lifecycle import ENDED
 from workloads.spec import SimulatedRun
 
@@ -226,3 +227,33 @@ async def test_default_address_and_hollow_nodes(nats_server, tmp_path):
         await fleet.stop()
         await agent.stop(kill_tasks=True)
         await close_quietly(nc)
+
+
+def _host_ip() -> str:
+    """This host's address on its default route (a UDP connect sends nothing), or
+    127.0.0.1 on a host with none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.77", 9))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+async def test_default_address_is_the_route_to_nats(tmp_path):
+    """NATS reached over the host's own network address: the agent advertises that
+    address (what a peer on another host would use), not 127.0.0.1."""
+    ip = _host_ip()
+    server = EmbeddedServer(ServerConfig(host="0.0.0.0", store_dir=str(tmp_path / "nats")))
+    server.start()
+    agent = Agent(
+        AgentConfig(
+            f"nats://{ip}:{server.config.port}", node_id="routed", data_dir=str(tmp_path / "a")
+        )
+    )
+    try:
+        await agent.start()
+        assert agent.node_state(agent.probe.sample()).address == ip
+    finally:
+        await agent.stop()
+        server.stop()
