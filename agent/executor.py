@@ -42,6 +42,7 @@ from workloads.model import TASK_IDENTITY_VAR, WORKER_IDENTITY
 
 from .access import make_dirs, unreachable_dir
 from .probe import process_start_ticks, process_start_time, session_processes
+from .training import file_name_problem, write_files
 
 __all__ = [
     "TASK_IDENTITIES",
@@ -106,6 +107,8 @@ class ExecSpec:
     cpu_milli: int = 0  # 0 = no limit
     memory_bytes: int = 0  # 0 = no limit
     max_run_time_s: float | None = None
+    # Written to the run's files dir (`files_dir`) before it starts (agent/training.py).
+    files: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +282,10 @@ def _validate(spec: ExecSpec) -> None:
             raise ExecError(f"invalid value for env {name}")
     if spec.cwd is not None and (not isinstance(spec.cwd, str) or not spec.cwd or "\0" in spec.cwd):
         raise ExecError("cwd must be a non-empty str without NUL")
+    for item in spec.files:
+        problem = file_name_problem(item[0] if isinstance(item, (tuple, list)) else None)
+        if problem:
+            raise ExecError(problem)
     for field in ("cpu_milli", "memory_bytes"):
         value = getattr(spec, field)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -632,6 +639,12 @@ class ProcessExecutor:
     def _task_dir(self, task_id: str) -> Path:
         return self.work_dir / task_dir_name(task_id)
 
+    def files_dir(self, task_id: str) -> Path:
+        """Where a run's `ExecSpec.files` go (and its progress file): in its task dir, so
+        it goes with the run's other leftovers, and known before it starts, so its argv
+        and env can name it."""
+        return self._task_dir(task_id) / "files"
+
     # ------------------------------------------------------------------ start
 
     async def start(self, spec: ExecSpec) -> ProcessHandle:
@@ -644,10 +657,16 @@ class ProcessExecutor:
             raise ExecError(f"task {spec.task_id!r} is already running")
         self._reset_task_dir(task_dir)
         status_dir, work = task_dir / "status", task_dir / "work"
-        for d in (status_dir, work):
+        files = self.files_dir(spec.task_id)
+        for d in (status_dir, work, files):
             d.mkdir(mode=0o755)
             if self._run_as is not None:
                 os.chown(d, self._run_as.uid, self._run_as.gid)
+        owner = None if self._run_as is None else (self._run_as.uid, self._run_as.gid)
+        try:
+            write_files(files, spec.files, owner)
+        except (ValueError, OSError) as exc:
+            raise ExecError(f"cannot write the task's files: {exc}") from exc
         env = self._environment(spec)
         cwd = work if spec.cwd is None else work / spec.cwd  # an absolute cwd replaces work
         if not cwd.is_dir():

@@ -118,6 +118,7 @@ import msgpack
 from agent.autonomy import Uplink
 from agent.ledger import Run, RunBook
 from agent.link import SITE_ACK_WAIT_S, AssignmentMessage, EventPublisher, FleetFeed
+from agent.training import DEFAULT_PORT_RANGE
 from mesh import subjects
 from mesh.codec import to_wire
 from mesh.connect import ClientTls, close_quietly, connect, describe, endpoint
@@ -647,6 +648,9 @@ class HollowNode:
             tasks=tasks,
             verify_key=self.verify_key,
             site=self.site,
+            # Simulated tasks bind nothing: every hollow node of a host may offer the range.
+            address="127.0.0.1",
+            port_range=DEFAULT_PORT_RANGE,
         )
 
     def live_tasks(self) -> list[str]:
@@ -968,7 +972,9 @@ class HollowFleet:
         self.counts["runs"] += 1
         self.book.started(a.task_id, a.attempt, node.node_id)
         # A simulated service replica with a health check passes it from the start.
-        self._report(node, a, TaskState.RUNNING, health="healthy" if a.spec.health else "")
+        # Its ports as given, not checked: a simulated task binds nothing.
+        health = "healthy" if a.spec.health else ""
+        self._report(node, a, TaskState.RUNNING, health=health, ports=dict(a.spec.ports))
         duration = a.spec.simulate.duration_s
         if duration is None:  # until killed
             timer: asyncio.TimerHandle | _Forever = FOREVER
@@ -1062,6 +1068,7 @@ class HollowFleet:
         message: str = "",
         refused: str = "",
         health: str = "",
+        ports: dict[str, int] | None = None,
     ) -> None:
         self.events.send(
             TaskEvent(
@@ -1077,5 +1084,6 @@ class HollowFleet:
                 refused=refused,
                 verify_key=node.verify_key if refused else "",
                 health=health,
+                ports=ports or {},
             )
         )

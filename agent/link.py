@@ -166,6 +166,8 @@ def event_id(ev: TaskEvent) -> str:
     base = f"{ev.node_id}:{ev.task_id}:{ev.attempt}:{ev.state}"
     if ev.health_seq:  # a health verdict: each one its own message
         base = f"{base}:health{ev.health_seq}"
+    if ev.progress >= 0:  # a progress report: each one its own message, even a value
+        base = f"{base}:progress{ev.progress}@{int(ev.ts * 1000)}"  # seen before (a restart)
     return f"{base}:refused" if ev.refused else base
 
 
@@ -333,6 +335,8 @@ def _event_map(ev: TaskEvent) -> dict:
         "verify_key": ev.verify_key,
         "health": ev.health,
         "health_seq": ev.health_seq,
+        "ports": ev.ports,
+        "progress": ev.progress,
         "v": ev.v,
     }
 

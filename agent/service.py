@@ -38,6 +38,18 @@ from agent.gpu import (
 from agent.link import SITE_ACK_WAIT_S, AssignmentFeed, AssignmentMessage, publish_event
 from agent.probe import GpuInfo, GpuProbe, HostProbe, HostSample
 from agent.store import TaskRecord, TaskStore
+from agent.training import (
+    DEFAULT_PORT_RANGE,
+    ProgressGate,
+    check_address,
+    check_port_range,
+    connection_address,
+    expand_argv,
+    expand_env,
+    files_env,
+    ports_problem,
+    progress_loop,
+)
 from mesh import subjects
 from mesh.codec import WireError, decode, encode
 from mesh.connect import ClientTls, close_quietly, connect, describe, endpoint
@@ -103,6 +115,11 @@ class AgentConfig:
     # connected to its site's leaf: events go to the site's stream there, assignments
     # are read from the region's stream through the hub's JetStream domain.
     site: str = ""
+    # Training (docs/training.md): the address its tasks' peers reach it at ("": the local
+    # IP of its route to NATS, see agent.training.route_address) and the ports the
+    # coordinator may give its tasks.
+    address: str = ""
+    port_range: tuple[int, int] = DEFAULT_PORT_RANGE
 
 
 class Agent:
@@ -115,6 +132,12 @@ class Agent:
         self.node_id = subjects.token(config.node_id, "node id")
         self.site = subjects.token(config.site, "site") if config.site else ""
         self.data_dir = Path(config.data_dir or Path.home() / ".mesh" / "agent" / self.node_id)
+        self.port_range = check_port_range(tuple(config.port_range), "port_range")
+        self._address = check_address(config.address, "address") if config.address else ""
+        self._route_address = "127.0.0.1"  # the last one seen on a connection
+        # RUNNING attempts' ports, sent with each of their RUNNING events (resends too).
+        self.task_ports: dict[tuple[str, int], dict[str, int]] = {}
+        self._progress: dict[tuple[str, int], asyncio.Task[None]] = {}  # files read
         self.handles: dict[tuple[str, int], ProcessHandle] = {}
         self.owed: set[tuple[str, int]] = set()  # ended; outcome not acknowledged yet
         self.killing: set[tuple[str, int]] = set()
@@ -346,7 +369,19 @@ class Agent:
             refusing=self.refusing(),
             verify_key=self.verify_key_id,
             site=self.site,
+            address=self.address(),
+            port_range=self.port_range,
         )
+
+    def address(self) -> str:
+        """--address, else the local IP of the current connection to NATS (asked again each
+        heartbeat: a reconnect to another server may take another route)."""
+        if self._address:
+            return self._address
+        seen = connection_address(self.nc) if self.nc is not None else ""
+        if seen:
+            self._route_address = seen
+        return self._route_address
 
     def _assess_gpus(self, gpus: tuple[GpuInfo, ...]) -> dict[str, str]:
         """What each GPU's tasks are held to, judged afresh every sample: an MPS daemon
@@ -479,16 +514,25 @@ class Agent:
         except GpuGrantError as exc:
             await self._finish(rec, "FAILED", message=f"refused: {exc}")
             return
-        env = dict(spec.env)
+        if spec.ports:
+            problem = ports_problem(spec.ports, self.port_range)
+            if problem:
+                await self._finish(rec, "FAILED", message=f"could not start: {problem}")
+                return
+        exec_id = _exec_id(a.task_id, a.attempt)
+        files_dir = str(self.executor.files_dir(exec_id))
+        env = expand_env(dict(spec.env), files_dir)
+        env.update(files_env(files_dir))
         env.update(self._gpu_env(grant))  # after the task's own: a task cannot widen its grant
         exec_spec = ExecSpec(
-            task_id=_exec_id(a.task_id, a.attempt),
-            argv=spec.argv,
+            task_id=exec_id,
+            argv=expand_argv(spec.argv, files_dir),
             env=tuple(sorted(env.items())),
             cwd=spec.workdir,
             cpu_milli=spec.resources.cpu,
             memory_bytes=spec.resources.memory,
             max_run_time_s=spec.max_run_time_s,
+            files=tuple(sorted(spec.files.items())),
         )
         # STARTING goes out while the process starts: nothing on the way to RUNNING waits
         # for it, and it is sent before RUNNING so the two arrive in order.
@@ -514,9 +558,30 @@ class Agent:
         await self.runs.started(a.task_id, a.attempt, handle.start_time)
         self.runs.launched((a.task_id, a.attempt), exec_spec, a.retries_left)
         await starting
+        self.task_ports[(rec.task_id, rec.attempt)] = dict(spec.ports)
         await self._report(rec, self._event(rec, "RUNNING"))
         self._monitor(rec, handle, grant)
         self._check_health(rec, exec_spec, spec.health)
+        self._watch_progress(rec)
+
+    def _watch_progress(self, rec: TaskRecord) -> None:
+        """Report what the task writes to $MESH_PROGRESS_FILE (agent.training.ProgressGate)
+        as RUNNING events with `progress`, until it ends."""
+        key = (rec.task_id, rec.attempt)
+        path = self.executor.files_dir(_exec_id(*key)) / "progress"
+        gate = ProgressGate()
+
+        async def send(value: int) -> None:
+            ev = replace(self._event(rec, "RUNNING"), progress=value)
+            try:
+                await publish_event(self.js, self.region, ev, self.site)
+            except Exception as exc:  # the next change is reported anyway
+                log.info("progress %d of %s#%d not sent: %s", value, *key, exc)
+
+        task = asyncio.create_task(progress_loop(path, send, gate), name=f"progress:{key[0]}")
+        self._progress[key] = task
+        self._monitors.add(task)
+        task.add_done_callback(self._monitors.discard)
 
     def _check_health(
         self, rec: TaskRecord, exec_spec: ExecSpec, probe: HealthProbe | None
@@ -525,7 +590,9 @@ class Agent:
         if probe is None or not probe.argv:
             return
         key = (rec.task_id, rec.attempt)
-        check_spec = replace(exec_spec, argv=probe.argv, max_run_time_s=None)
+        files_dir = str(self.executor.files_dir(exec_spec.task_id))
+        argv = expand_argv(probe.argv, files_dir)  # it may name the run's files too
+        check_spec = replace(exec_spec, argv=argv, max_run_time_s=None, files=())
 
         async def check() -> tuple[bool, str]:
             return await self.executor.check(check_spec, probe.timeout_s)
@@ -560,6 +627,7 @@ class Agent:
         message: str = "",
         log_tail: str = "",
     ) -> TaskEvent:
+        ports = self.task_ports.get((rec.task_id, rec.attempt), {}) if state == "RUNNING" else {}
         return TaskEvent(
             self.node_id,
             rec.job_id,
@@ -571,6 +639,7 @@ class Agent:
             signal,
             message[:4096],
             log_tail[-4096:],
+            ports=dict(ports),
         )
 
     async def _kill(self, a: Assignment) -> None:
@@ -610,9 +679,10 @@ class Agent:
         key = (rec.task_id, rec.attempt)
         rerun = await self.runs.rerun(key, handle, await self.executor.wait(handle))
         status = rerun.status
-        checking = self._health.pop(key, None)
-        if checking is not None:
-            checking.cancel()
+        for watching in (self._health.pop(key, None), self._progress.pop(key, None)):
+            if watching is not None:
+                watching.cancel()
+        self.task_ports.pop(key, None)
         self.handles.pop(key, None)
         self._gpu_grants.pop(key, None)
         self.killing.discard(key)
@@ -741,10 +811,12 @@ class Agent:
                 if handle is not None:
                     log.info("re-adopted %s#%d (pid %d)", rec.task_id, rec.attempt, pid)
                     await self.runs.readopted(rec.task_id, rec.attempt, start_time)
+                    self.task_ports[(rec.task_id, rec.attempt)] = _stored_ports(rec)
                     if rec.state != "RUNNING":
                         await self._transition(rec, "RUNNING")
                     self._monitor(rec, handle, _stored_grant(rec))
                     self._check_readopted(rec)
+                    self._watch_progress(rec)
                     continue
                 await self._finish_later(
                     rec,
@@ -774,10 +846,13 @@ class Agent:
             return
         if a.spec is None or a.spec.health is None:
             return
+        exec_id = _exec_id(a.task_id, a.attempt)
+        files_dir = str(self.executor.files_dir(exec_id))
+        env = {**expand_env(dict(a.spec.env), files_dir), **files_env(files_dir)}
         exec_spec = ExecSpec(
-            task_id=_exec_id(a.task_id, a.attempt),
+            task_id=exec_id,
             argv=a.spec.argv,
-            env=tuple(sorted(a.spec.env.items())),
+            env=tuple(sorted(env.items())),
             cwd=a.spec.workdir,
         )
         self._check_health(rec, exec_spec, a.spec.health)
@@ -835,6 +910,14 @@ def _stored_grant(rec: TaskRecord) -> GpuGrant | None:
         return gpu_grant(spec.resources.gpu, spec.resources.gpu_memory, spec.gpu_uuids)
     except (WireError, GpuGrantError):
         return None
+
+
+def _stored_ports(rec: TaskRecord) -> dict[str, int]:
+    try:
+        spec = decode(Assignment, rec.assignment).spec
+    except WireError:
+        return {}
+    return dict(spec.ports) if spec is not None else {}
 
 
 def _outcome(status: ExitStatus) -> tuple[str, str]:

@@ -188,6 +188,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ag.add_argument("--limits", default="auto", choices=["auto", "cgroup", "rlimit", "none"])
     ag.add_argument(
+        "--address",
+        default="",
+        help="the address training peers reach this node's tasks at (default: the local IP "
+        "of its route to NATS; 127.0.0.1 when NATS is on this host)",
+    )
+    ag.add_argument(
+        "--ports",
+        default="20000-32000",
+        metavar="LO-HI",
+        help="the ports the coordinator may give this node's tasks (default: 20000-32000)",
+    )
+    ag.add_argument(
         "--task-identity",
         metavar="DIR",
         help="where the worker identity's files are (DIR/ca.crt, DIR/worker-NAME.crt and "

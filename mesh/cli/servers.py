@@ -128,6 +128,14 @@ async def agent(args: argparse.Namespace, ctx: Context) -> int:
     if args.site and not subjects.is_token(args.site):
         print(f"--site {args.site!r}: expected letters, digits, '_' or '-'", file=sys.stderr)
         return EXIT_USAGE
+    from agent.training import check_address, parse_port_range
+
+    try:
+        port_range = parse_port_range(args.ports, "--ports")
+        address = check_address(args.address, "--address") if args.address else ""
+    except ValueError as exc:
+        print(f"mesh agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if args.simulate:
         from agent.hollow import GiB, HollowFleet, Inventory
 
@@ -181,6 +189,8 @@ async def agent(args: argparse.Namespace, ctx: Context) -> int:
             tls=ctx.tls(Identity.agent(node_id)),
             task_tls=task_tls if ctx.certs else None,
             site=args.site,
+            address=address,
+            port_range=port_range,
         )
     )
     try:
