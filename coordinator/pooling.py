@@ -5,6 +5,7 @@ ready capacity in, decisions out; the pools core (`coordinator/pools/`) does the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from coordinator.pools import (
@@ -87,13 +88,20 @@ def running_jobs(state: RegionState, now: float) -> list[RunningJob]:
                 spec.pool,
                 Resources(*per_job[jid]),
                 h.tasks,
-                min_tasks=None if spec.min_tasks is None else min(spec.min_tasks, h.tasks),
+                min_tasks=None if _floor(spec) is None else min(_floor(spec), h.tasks),
                 priority=spec.priority,
                 preemptible=spec.preemptible,
                 running_for=max(0.0, now - h.started),
             )
         )
     return running
+
+
+def _floor(spec) -> int | None:
+    """The tasks a running job may not be shrunk below: an elastic job's workers_min."""
+    if spec.is_elastic:
+        return spec.workers_min
+    return spec.min_tasks
 
 
 def _add(acc: dict[str, list[int]], key: str, row: tuple[int, ...]) -> None:
@@ -105,7 +113,9 @@ def _add(acc: dict[str, list[int]], key: str, row: tuple[int, ...]) -> None:
             v[i] += x
 
 
-def _as_pending(j: JobRecord) -> PendingJob:
+def _as_pending(j: JobRecord, asks: Resources | None = None) -> PendingJob:
+    if asks is not None:  # an elastic job: only what it may place now (elastic.offer)
+        return PendingJob(j.job_id, j.spec.pool, asks, j.spec.priority, j.spec.preemptible)
     p = j.as_pending
     if p is None or p.resources is not j.pending_resources:
         spec = j.spec
@@ -120,13 +130,17 @@ def admitted_jobs(
     view: PoolView,
     jobs: list[JobRecord],
     skip: frozenset[str] = frozenset(),
+    asks: Mapping[str, Resources] | None = None,
 ) -> tuple[set[str], dict[str, str], frozenset[str]]:
     """Which of the waiting `jobs` (all of them, or a window of a long queue) may be
     placed now, why the others wait, and which of those can never be admitted as the
     pools stand. Jobs in `skip` (admitted but found not to fit any node) take no share
-    of their pool's budget."""
+    of their pool's budget. `asks`: per elastic job, what the tasks it may place now
+    ask for (its other waiting tasks are not admitted, so a grow stays within the
+    pool's entitlement as a first placement does)."""
     leaves = set(state.pools.leaves())
-    pending = [_as_pending(j) for j in jobs if j.job_id not in skip]
+    asks = asks or {}
+    pending = [_as_pending(j, asks.get(j.job_id)) for j in jobs if j.job_id not in skip]
     decision = admit(
         state.pools,
         pending,
@@ -157,8 +171,11 @@ def preemptions(
     events = []
     for victim in choice.victims:
         holding = [t for t in state.jobs[victim.job_id].tasks.values() if t.state in HOLDING]
-        if victim.action == "shrink":  # an elastic job gives back its last tasks
-            holding = sorted(holding, key=lambda t: (t.role, t.index))[-victim.tasks :]
+        # Highest index first: an elastic job gives back its last tasks, and task 0
+        # (its rendezvous) goes last, only with the whole gang.
+        holding = sorted(holding, key=lambda t: (t.index, t.role), reverse=True)
+        if victim.action == "shrink":
+            holding = holding[: victim.tasks]
         for t in holding:
             events.append(
                 TaskPreemptRequested(

@@ -252,6 +252,22 @@ def build_parser() -> argparse.ArgumentParser:
         "guard; default 30)",
     )
     co.add_argument(
+        "--resize-every",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="an elastic training job is resized at most this often (after its last "
+        "membership change)",
+    )
+    co.add_argument(
+        "--progress-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="an elastic job whose progress stops this long after a membership change is "
+        "requeued",
+    )
+    co.add_argument(
         "--signing-key",
         metavar="PEM",
         help="Ed25519 private key: sign every assignment "
