@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from coordinator.state import HOLDING, JobRecord
 from workloads.lifecycle import TaskState
 
+WATCHDOG = "requeued by the watchdog"  # how the watchdog's requeue reasons begin
+
 
 @dataclass(frozen=True, slots=True)
 class Facts:
@@ -117,6 +119,6 @@ def stalled(f: Facts, timeout_s: float) -> str | None:
     if f.progress_at >= f.changed_at or f.now < f.changed_at + timeout_s:
         return None
     return (
-        f"requeued by the watchdog: no progress in {f.now - f.changed_at:.0f}s since its "
+        f"{WATCHDOG}: no progress in {f.now - f.changed_at:.0f}s since its "
         f"last membership change (progress_timeout_s {timeout_s:g})"
     )

@@ -129,7 +129,12 @@ def agent_event(
         if new_state == was == TaskState.RUNNING and ev.progress >= 0 and ev.progress != t.progress:
             # Training progress (docs/training.md): the watchdog and `mesh job status`.
             return TaskUpdated(
-                ev.job_id, ev.task_id, ev.attempt, new_state, ev.node_id, ev.ts,
+                ev.job_id,
+                ev.task_id,
+                ev.attempt,
+                new_state,
+                ev.node_id,
+                ev.ts,
                 progress=ev.progress,
             )
         if new_state == was or not can_transition(was, new_state):

@@ -264,8 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=120.0,
         metavar="SECONDS",
-        help="an elastic job whose progress stops this long after a membership change is "
-        "requeued",
+        help="an elastic job whose progress stops this long after a membership change is requeued",
     )
     co.add_argument(
         "--signing-key",

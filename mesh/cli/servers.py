@@ -202,8 +202,10 @@ async def coordinator(args: argparse.Namespace, ctx: Context) -> int:
     if not 0 < args.suspect_after <= args.down_after:
         print("--suspect-after must be > 0 and <= --down-after", file=sys.stderr)
         return EXIT_USAGE
-    for flag, value in (("--resize-every", args.resize_every),
-                        ("--progress-timeout", args.progress_timeout)):
+    for flag, value in (
+        ("--resize-every", args.resize_every),
+        ("--progress-timeout", args.progress_timeout),
+    ):
         if not value >= 0:
             print(f"{flag} must be >= 0", file=sys.stderr)
             return EXIT_USAGE

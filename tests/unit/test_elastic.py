@@ -103,8 +103,9 @@ def any_facts(draw):
     now = draw(st.floats(0, 200))
     every = draw(st.sampled_from([0.0, 5.0, 10.0, 60.0]))
     progress = draw(st.none() | st.floats(0, 200))
-    return Facts(lo, hi, target, dict(enumerate(states)), frozenset(stopping), changed,
-                 now, every, progress)
+    return Facts(
+        lo, hi, target, dict(enumerate(states)), frozenset(stopping), changed, now, every, progress
+    )
 
 
 def _holding(f: Facts) -> list[int]:
