@@ -326,3 +326,41 @@ def test_preemption_shrinks_an_elastic_job_from_its_highest_index_down_to_min():
     view_ = pool_view(log.state, Resources(cpu=4000, memory=80 * 2**30), 20.0)
     events, _ = preemptions(log.state, view_, {"/a": 5}, 1, 20.0)
     assert [e.task_id for e in events] == [log.tid(3), log.tid(2)]
+
+
+def test_a_due_grow_that_finds_no_room_waits_and_grows_when_capacity_frees():
+    log = Log()
+    log.submit(spec=elastic_spec(2, 3))
+    other = dataclasses.replace(
+        elastic_spec(1, 1), framework="batch", workers_min=None, workers_max=None
+    )
+    log.state.parsed["k"] = other
+    log.append(JobSubmitted("k", "c-k", other.to_dict(), 1.0))
+    log.append(TaskPlaced("k", "k.worker.0", 1, "n3", 1.0))
+    nodes = _nodes(3)
+    log.step(nodes, 100.0)
+    assert log.holding() == [0, 1]
+    for now in (120.0, 121.0, 130.0):  # due, but no node has room: it waits (parked)
+        log.step(nodes, now)
+        assert log.holding() == [0, 1]
+    log.append(TaskUpdated("k", "k.worker.0", 1, S.SUCCEEDED, "n3", 131.0))
+    log.step(nodes, 132.0)
+    assert log.holding() == [0, 1, 2]
+    assert log.state.tasks[log.tid(2)].node_id == "n3"
+
+
+def test_coordinator_config_carries_the_resize_settings_into_placement():
+    from coordinator.service import CoordinatorConfig
+    from mesh.cli.parser import build_parser
+
+    c = CoordinatorConfig("nats://127.0.0.1:1", resize_every_s=3.0, progress_timeout_s=30.0)
+    assert (c.placement.resize_every_s, c.placement.progress_timeout_s) == (3.0, 30.0)
+    assert CoordinatorConfig("nats://127.0.0.1:1").placement.resize_every_s == 10.0
+    args = build_parser().parse_args(
+        ["coordinator", "--resize-every", "4", "--progress-timeout", "50"]
+    )
+    assert (args.resize_every, args.progress_timeout) == (4.0, 50.0)
+    args = build_parser().parse_args(["job", "scale", "j-1", "--workers", "3"])
+    assert (args.job_id, args.workers) == ("j-1", 3)
+    args = build_parser().parse_args(["job", "hosts", "j-1", "--format", "mpi"])
+    assert args.format == "mpi"
