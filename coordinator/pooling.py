@@ -21,6 +21,7 @@ from coordinator.pools import (
 )
 from coordinator.state import HOLDING, JobRecord, RegionState
 from mesh.schema import TaskPreemptRequested
+from workloads.lifecycle import TaskState
 from workloads.resources import Resources
 
 ADMISSION_LOOKAHEAD = 16
@@ -50,12 +51,34 @@ def pool_view(state: RegionState, capacity: Resources, now: float) -> PoolView:
     leaves = set(state.pools.leaves())
     # Kept by the fold per pool: the queue may hold 100,000 jobs, and summing it was
     # most of a round's cost. (sum_by_pool drops gpu_memory: pools do not budget it.)
-    demand = sum_by_pool((p, r) for p, r in state.pool_pending.items() if p in leaves)
+    pending = _without_resting(state) if state.elastic else state.pool_pending
+    demand = sum_by_pool((p, r) for p, r in pending.items() if p in leaves)
     allocation = dict(state.pool_alloc)  # kept by the fold, not re-summed per round
     non_preemptible = dict(state.pool_fixed)
     alloc_leaves = {p: r for p, r in allocation.items() if p in leaves}
     entitlement = compute_entitlement(state.pools, capacity, demand, alloc_leaves)
     return PoolView(capacity, allocation, non_preemptible, demand, entitlement)
+
+
+def _without_resting(state: RegionState) -> dict[str, Resources]:
+    """The pools' waiting demand less elastic jobs' tasks at or above their target (a
+    shrink's, which wait to be scaled up again): no demand, so no entitlement or
+    preemption is claimed for them."""
+    pending = dict(state.pool_pending)
+    for job_id in state.elastic:
+        job = state.jobs[job_id]
+        if job.kill_requested or job.away or not job.pending:
+            continue
+        target = job.target or job.spec.workers_max or len(job.tasks)
+        resting = [
+            t.resources
+            for t in job.tasks.values()
+            if t.state == TaskState.PENDING and t.index >= target
+        ]
+        pool = job.spec.pool
+        if resting and pool in pending:
+            pending[pool] = pending[pool] - Resources.total(resting)
+    return pending
 
 
 def running_jobs(state: RegionState, now: float) -> list[RunningJob]:

@@ -244,6 +244,11 @@ def test_scale_down_stops_the_highest_indexes_as_preemptions_never_task_0():
     assert log.holding() == [0]
     assert all(log.state.tasks[log.tid(i)].state == S.PENDING for i in (1, 2, 3))
     assert log.step(nodes, 500.0).events == []  # nothing grows past the target
+    # Tasks resting above the target are no demand of their pool (no entitlement or
+    # preemption is claimed for them), though they wait in the queue.
+    assert log.state.pool_pending["/"].cpu == 3000
+    demand = pool_view(log.state, Resources(cpu=4000, memory=64 * 2**30), 500.0).demand
+    assert demand.get("/", Resources()).cpu == 0
 
 
 def test_the_watchdog_requeues_a_job_stalled_after_a_membership_change():
