@@ -180,6 +180,8 @@ def _samples() -> dict[type, list[Any]]:
         PartitionMoveRequest: [PartitionMoveRequest(("n1",), "stateless", "drill", "ops")],
         BreakGlassRequest: [BreakGlassRequest("stateless", None, 600.0, "outage", "ops")],
         RestoreRequest: [RestoreRequest("over", "ops")],
+        ScaleRequest: [ScaleRequest("train-0000", 2, "smaller", "ops")],
+        HostsRequest: [HostsRequest("train-0000", "horovod")],
     }
 
 
