@@ -46,6 +46,7 @@ from mesh.schema import (
     AssignmentBatch,
     BreakGlassRequest,
     BreakGlassSet,
+    HostsRequest,
     JobListRequest,
     JobRef,
     KillRequest,
@@ -62,6 +63,7 @@ from mesh.schema import (
     PoolRef,
     Resources,
     RestoreRequest,
+    ScaleRequest,
     SubmitManyRequest,
     SubmitRequest,
     TaskEvent,
@@ -178,6 +180,8 @@ def _samples() -> dict[type, list[Any]]:
         PartitionMoveRequest: [PartitionMoveRequest(("n1",), "stateless", "drill", "ops")],
         BreakGlassRequest: [BreakGlassRequest("stateless", None, 600.0, "outage", "ops")],
         RestoreRequest: [RestoreRequest("over", "ops")],
+        ScaleRequest: [ScaleRequest("train-0000", 2, "smaller", "ops")],
+        HostsRequest: [HostsRequest("train-0000", "horovod")],
     }
 
 
@@ -766,6 +770,8 @@ API_TARGETS: dict[str, type | None] = {
     "partition.move": PartitionMoveRequest,
     "partition.break_glass": BreakGlassRequest,
     "partition.restore": RestoreRequest,
+    "job.scale": ScaleRequest,
+    "job.hosts": HostsRequest,
 }
 WRITE_ENDPOINTS = (
     "job.submit",
@@ -777,6 +783,7 @@ WRITE_ENDPOINTS = (
     "partition.move",
     "partition.break_glass",
     "partition.restore",
+    "job.scale",
 )
 BAD_CODES = ("INTERNAL", "NOT_LEADER", "UNAVAILABLE")
 
@@ -798,6 +805,8 @@ def wrote(endpoint: str, reply: dict) -> int:
     if endpoint == "job.submit_many":
         fresh = [r for r in reply.get("results", []) if "job_id" in r and not r["duplicate"]]
         return 1 if fresh else 0
+    if endpoint == "job.scale":
+        return 0 if reply.get("workers") == reply.get("was") else 1
     return 1  # job.kill of a live job, pool.apply: one append each (kill may be 0; see below)
 
 

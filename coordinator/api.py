@@ -21,7 +21,7 @@ import yaml
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from coordinator import partition_api
+from coordinator import partition_api, training_api
 from coordinator.federation import forward
 from coordinator.fitting import submit_warning
 from coordinator.joblog import MAX_ENTRY_BYTES, Fenced, Unavailable
@@ -83,10 +83,12 @@ ENDPOINTS = (
     "region.list",
     "site.list",
     *partition_api.ENDPOINTS,
+    *training_api.ENDPOINTS,
 )
 WRITES = (
     frozenset({"job.submit", "job.submit_many", "job.kill", "job.update", "pool.apply"})
     | partition_api.WRITES
+    | training_api.WRITES
 )
 VERSION = "0.1.0"
 
@@ -117,6 +119,7 @@ class Api:
             "pool.list": self.pool_list,
             "pool.get": self.pool_get,
             **partition_api.handlers(self, _decode),
+            **training_api.handlers(self, _decode),
         }
 
     # ------------------------------------------------------------ serving

@@ -125,6 +125,10 @@ def _needs(spec: JobSpec, runs: list[list], held: int, total: tuple[int, ...]) -
         if take:
             at_once[shape] = at_once.get(shape, 0) + take
             size -= take
+    if spec.is_elastic:
+        # Admitted for what it may place now, a gang of min or a grow (elastic.offer),
+        # never for every waiting task: only that must fit the region.
+        total = tuple(sum(sh.resources[j] * k for sh, k in at_once.items()) for j in range(4))
     return Needs(tuple(at_once.items()), whole, p.anti_affinity, total, waiting)
 
 

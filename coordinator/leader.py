@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from nats.js.api import ConsumerConfig
 
+from coordinator.elastic import WATCHDOG
 from coordinator.joblog import Fenced, LogWriter, Unavailable
 from coordinator.partitions.loop import PartitionLoop
 from coordinator.peers import launchable, launched_spec, launches
@@ -42,6 +43,7 @@ from mesh.schema import (
     LogEvent,
     TaskEvent,
     TaskPlaced,
+    TaskPreemptRequested,
     TaskSpec,
     decode_task_events,
 )
@@ -248,6 +250,8 @@ class Leader:
             for ev in d.events:
                 if isinstance(ev, DuplicateStopped):
                     log.warning("task %s on node %s: %s", ev.task_id, ev.node_id, ev.message)
+                elif isinstance(ev, TaskPreemptRequested) and ev.reason.startswith(WATCHDOG):
+                    log.warning("task %s: %s", ev.task_id, ev.reason)  # (elastic.stalled)
             try:
                 await self.writer.append(d.events)
             except Unavailable:

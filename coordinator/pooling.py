@@ -5,6 +5,7 @@ ready capacity in, decisions out; the pools core (`coordinator/pools/`) does the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from coordinator.pools import (
@@ -20,6 +21,7 @@ from coordinator.pools import (
 )
 from coordinator.state import HOLDING, JobRecord, RegionState
 from mesh.schema import TaskPreemptRequested
+from workloads.lifecycle import TaskState
 from workloads.resources import Resources
 
 ADMISSION_LOOKAHEAD = 16
@@ -49,12 +51,34 @@ def pool_view(state: RegionState, capacity: Resources, now: float) -> PoolView:
     leaves = set(state.pools.leaves())
     # Kept by the fold per pool: the queue may hold 100,000 jobs, and summing it was
     # most of a round's cost. (sum_by_pool drops gpu_memory: pools do not budget it.)
-    demand = sum_by_pool((p, r) for p, r in state.pool_pending.items() if p in leaves)
+    pending = _without_resting(state) if state.elastic else state.pool_pending
+    demand = sum_by_pool((p, r) for p, r in pending.items() if p in leaves)
     allocation = dict(state.pool_alloc)  # kept by the fold, not re-summed per round
     non_preemptible = dict(state.pool_fixed)
     alloc_leaves = {p: r for p, r in allocation.items() if p in leaves}
     entitlement = compute_entitlement(state.pools, capacity, demand, alloc_leaves)
     return PoolView(capacity, allocation, non_preemptible, demand, entitlement)
+
+
+def _without_resting(state: RegionState) -> dict[str, Resources]:
+    """The pools' waiting demand less elastic jobs' tasks at or above their target (a
+    shrink's, which wait to be scaled up again): no demand, so no entitlement or
+    preemption is claimed for them."""
+    pending = dict(state.pool_pending)
+    for job_id in state.elastic:
+        job = state.jobs[job_id]
+        if job.kill_requested or job.away or not job.pending:
+            continue
+        target = job.target or job.spec.workers_max or len(job.tasks)
+        resting = [
+            t.resources
+            for t in job.tasks.values()
+            if t.state == TaskState.PENDING and t.index >= target
+        ]
+        pool = job.spec.pool
+        if resting and pool in pending:
+            pending[pool] = pending[pool] - Resources.total(resting)
+    return pending
 
 
 def running_jobs(state: RegionState, now: float) -> list[RunningJob]:
@@ -87,13 +111,20 @@ def running_jobs(state: RegionState, now: float) -> list[RunningJob]:
                 spec.pool,
                 Resources(*per_job[jid]),
                 h.tasks,
-                min_tasks=None if spec.min_tasks is None else min(spec.min_tasks, h.tasks),
+                min_tasks=None if _floor(spec) is None else min(_floor(spec), h.tasks),
                 priority=spec.priority,
                 preemptible=spec.preemptible,
                 running_for=max(0.0, now - h.started),
             )
         )
     return running
+
+
+def _floor(spec) -> int | None:
+    """The tasks a running job may not be shrunk below: an elastic job's workers_min."""
+    if spec.is_elastic:
+        return spec.workers_min
+    return spec.min_tasks
 
 
 def _add(acc: dict[str, list[int]], key: str, row: tuple[int, ...]) -> None:
@@ -105,7 +136,9 @@ def _add(acc: dict[str, list[int]], key: str, row: tuple[int, ...]) -> None:
             v[i] += x
 
 
-def _as_pending(j: JobRecord) -> PendingJob:
+def _as_pending(j: JobRecord, asks: Resources | None = None) -> PendingJob:
+    if asks is not None:  # an elastic job: only what it may place now (elastic.offer)
+        return PendingJob(j.job_id, j.spec.pool, asks, j.spec.priority, j.spec.preemptible)
     p = j.as_pending
     if p is None or p.resources is not j.pending_resources:
         spec = j.spec
@@ -120,13 +153,17 @@ def admitted_jobs(
     view: PoolView,
     jobs: list[JobRecord],
     skip: frozenset[str] = frozenset(),
+    asks: Mapping[str, Resources] | None = None,
 ) -> tuple[set[str], dict[str, str], frozenset[str]]:
     """Which of the waiting `jobs` (all of them, or a window of a long queue) may be
     placed now, why the others wait, and which of those can never be admitted as the
     pools stand. Jobs in `skip` (admitted but found not to fit any node) take no share
-    of their pool's budget."""
+    of their pool's budget. `asks`: per elastic job, what the tasks it may place now
+    ask for (its other waiting tasks are not admitted, so a grow stays within the
+    pool's entitlement as a first placement does)."""
     leaves = set(state.pools.leaves())
-    pending = [_as_pending(j) for j in jobs if j.job_id not in skip]
+    asks = asks or {}
+    pending = [_as_pending(j, asks.get(j.job_id)) for j in jobs if j.job_id not in skip]
     decision = admit(
         state.pools,
         pending,
@@ -157,8 +194,11 @@ def preemptions(
     events = []
     for victim in choice.victims:
         holding = [t for t in state.jobs[victim.job_id].tasks.values() if t.state in HOLDING]
-        if victim.action == "shrink":  # an elastic job gives back its last tasks
-            holding = sorted(holding, key=lambda t: (t.role, t.index))[-victim.tasks :]
+        # Highest index first: an elastic job gives back its last tasks, and task 0
+        # (its rendezvous) goes last, only with the whole gang.
+        holding = sorted(holding, key=lambda t: (t.index, t.role), reverse=True)
+        if victim.action == "shrink":
+            holding = holding[: victim.tasks]
         for t in holding:
             events.append(
                 TaskPreemptRequested(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from coordinator import elastic
 from coordinator.changes import Mark
 from coordinator.cluster import DOWN, HEARD, ClusterView, NodeView
 from coordinator.fitting import region_fit
@@ -35,6 +36,7 @@ from mesh.schema import (
     LogEvent,
     TaskEvent,
     TaskPlaced,
+    TaskPreemptRequested,
     TaskUpdated,
 )
 from workloads.lifecycle import ENDED, FINAL, TaskState, can_transition
@@ -82,6 +84,8 @@ def reconcile(
         d.events.extend(drain_moves(state, now))  # docs/partitions.md
     _reclaim_preempted(state, d)
     _stop_replicas(state, now, d)
+    if state.elastic:
+        d.events.extend(resize_events(state, now, config))
     if not d.events and state.services:
         # A partition move's nodes are cordoned by placement itself (and still count in
         # the pools' capacity); here only their replicas are moved off, with surge.
@@ -124,6 +128,18 @@ def agent_event(
                 ev.ts,
                 message=message or f"health check: {ev.health}",
                 health=ev.health,
+                progress=ev.progress,
+            )
+        if new_state == was == TaskState.RUNNING and ev.progress >= 0 and ev.progress != t.progress:
+            # Training progress (docs/training.md): the watchdog and `mesh job status`.
+            return TaskUpdated(
+                ev.job_id,
+                ev.task_id,
+                ev.attempt,
+                new_state,
+                ev.node_id,
+                ev.ts,
+                progress=ev.progress,
             )
         if new_state == was or not can_transition(was, new_state):
             # The log has it already (an event redelivered to a new leader after the old
@@ -143,6 +159,7 @@ def agent_event(
             message,
             ev.log_tail,
             ev.health if new_state == TaskState.RUNNING else "",
+            progress=ev.progress if new_state == TaskState.RUNNING else -1,
         )
     if ev.state in ENDED or ev.state in FINAL:
         return None
@@ -496,6 +513,30 @@ def _stale_on(state: RegionState, view: NodeView) -> list[Kill]:
     return found
 
 
+def resize_events(state: RegionState, now: float, config: PlacementConfig) -> list[LogEvent]:
+    """Elastic jobs (coordinator/elastic.py): the tasks a shrink to the target stops,
+    and the requeue of a job the watchdog found stalled. Both go back to PENDING
+    through preemption (TaskPreemptRequested: the attempt is stopped and requeued)."""
+    out: list[LogEvent] = []
+    for job_id in sorted(state.elastic):
+        job = state.jobs[job_id]
+        if job.kill_requested or job.away:
+            continue
+        f = elastic.facts(job, now, config.resize_every_s)
+        by_index = {t.index: t for t in job.tasks.values()}
+        why = elastic.stalled(f, config.progress_timeout_s)
+        if why is not None:
+            victims = [t for t in by_index.values() if t.state in HOLDING]
+        else:
+            why = f"resize to {f.target}"
+            victims = [by_index[i] for i in elastic.stops(f)]
+        out.extend(
+            TaskPreemptRequested(job_id, t.task_id, t.attempt, why, now)
+            for t in sorted(victims, key=lambda t: -t.index)
+        )
+    return out
+
+
 def _reclaim_preempted(state: RegionState, d: Decisions) -> None:
     """Attempts chosen for preemption are stopped like killed ones (and resent alike)."""
     for tid in sorted(state.preempting):
@@ -533,7 +574,13 @@ def _place_waiting(
     # would give the same answer, so skip it. Time moves what heartbeats measured and
     # the starvation guard; a backlog that admission holds back (30,000 jobs) took a 1 s
     # round every second.
-    idle_key = (key, fit.version, int(now / IDLE_S), gang_due(state, now))
+    idle_key = (
+        key,
+        fit.version,
+        int(now / IDLE_S),
+        gang_due(state, now),
+        _elastic_due(state, now, config) if state.elastic else None,
+    )
     idle = state.memo.get("placement_idle")
     if idle is not None and idle[0] == idle_key:
         d.unplaced.update(idle[1])
@@ -592,6 +639,41 @@ def _place_waiting(
         state.memo["placement_idle"] = (idle_key, dict(d.unplaced))
 
 
+def _elastic_offers(
+    state: RegionState, waiting: list[JobRecord], now: float, config: PlacementConfig
+) -> tuple[list[JobRecord], dict[str, Resources], dict[str, str]]:
+    """An elastic job waits in the queue with tasks it may not place now (above its
+    target, or a grow not yet due): those jobs are left out of this window (why they
+    wait), and the others are admitted for what `elastic.offer` allows, not for every
+    waiting task."""
+    if not state.elastic:
+        return waiting, {}, {}
+    keep, asks, resting = [], {}, {}
+    for job in waiting:
+        if job.job_id not in state.elastic:
+            keep.append(job)
+            continue
+        o = elastic.offer(elastic.facts(job, now, config.resize_every_s))
+        if not o.indexes:
+            resting[job.job_id] = f"elastic: {o.why}"
+            continue
+        tasks = {t.index: t for t in job.tasks.values()}
+        asks[job.job_id] = Resources.total([tasks[i].resources for i in o.indexes])
+        keep.append(job)
+    return keep, asks, resting
+
+
+def _elastic_due(state: RegionState, now: float, config: PlacementConfig) -> frozenset[str]:
+    """Waiting elastic jobs whose next resize is due: a new one makes a round that
+    placed nothing worth running again (else a grow waits for the idle memo)."""
+    out = []
+    for job_id in state.elastic & state.waiting:
+        changed = state.jobs[job_id].changed_at
+        if changed is None or now >= changed + config.resize_every_s:
+            out.append(job_id)
+    return frozenset(out)
+
+
 IDLE_S = 5.0  # how long a round with nothing to place stands while nothing changes
 
 
@@ -608,7 +690,9 @@ def _place_window(
     which admitted jobs were looked at and fit no node (none of their tasks placed, no
     gang holding the line in front of them), and which jobs can never be admitted as
     the pools stand."""
-    admitted, blocked, never = admitted_jobs(state, pools, waiting)
+    waiting, asks, resting = _elastic_offers(state, waiting, now, config)
+    admitted, blocked, never = admitted_jobs(state, pools, waiting, asks=asks)
+    blocked.update(resting)
     if not admitted:
         return blocked, (), frozenset(), never
     placer = new_placer(state, snap, config)
@@ -621,7 +705,8 @@ def _place_window(
         looked = [j for j in waiting if j.job_id in admitted]
         skip = hopeless(placer, looked, now, config, requests)
         if skip:
-            admitted, blocked, _ = admitted_jobs(state, pools, waiting, skip)
+            admitted, blocked, _ = admitted_jobs(state, pools, waiting, skip, asks)
+            blocked.update(resting)
     result = place_jobs(
         state,
         nodes,
@@ -636,7 +721,7 @@ def _place_window(
     if misfits - skip and blocked and not result.line_held_by:
         # Admitted gangs that fit no node hold no budget: admit again without them,
         # so the jobs behind them in their pool can use what they could not.
-        again, still_blocked, _ = admitted_jobs(state, pools, waiting, misfits)
+        again, still_blocked, _ = admitted_jobs(state, pools, waiting, misfits, asks)
         if again - admitted:
             why = {j: result.unplaced[j] for j in misfits}
             jobs = [j for j in waiting if j.job_id in again]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TypeVar
 
+from coordinator import elastic
 from coordinator.cluster import ClusterView, NodeView
 from coordinator.partitions.membership import allocatable, placing
 from coordinator.placement import (
@@ -49,6 +50,11 @@ class PlacementConfig:
     starve_after_s: float = 30.0
     hold_s: float = 60.0
     release_s: float = 15.0
+    # Elastic training jobs (coordinator/elastic.py): a resize waits this long after the
+    # job's last membership change; a job whose progress stops this long after one is
+    # requeued. Set from CoordinatorConfig.
+    resize_every_s: float = 10.0
+    progress_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.windows_per_round < 1 or self.window_jobs < 1:
@@ -216,11 +222,23 @@ def _shape(*fields) -> Shape:
     return Shape(*fields)
 
 
-def gang_request(job: JobRecord, waited: float, config: PlacementConfig) -> GangRequest:
+def gang_request(
+    job: JobRecord, waited: float, config: PlacementConfig, now: float | None = None
+) -> GangRequest:
+    """The job's waiting tasks as one request. An elastic job's are only those
+    `elastic.offer` allows now (a gang of min at first, then grows, rate-limited);
+    `now` is needed for it (None: the job's last change is taken as long past)."""
     shapes: dict[str, Shape] = {}
     tasks = []
     held = []
+    offered = None
+    if job.spec.is_elastic:
+        clock = float("inf") if now is None else now
+        offered = elastic.offer(elastic.facts(job, clock, config.resize_every_s))
     for t in job.tasks.values():
+        if offered is not None and t.state == TaskState.PENDING:
+            if t.index not in offered.indexes:
+                continue
         if t.state == TaskState.PENDING:
             shape = shapes.get(t.role)
             if shape is None:
@@ -229,7 +247,9 @@ def gang_request(job: JobRecord, waited: float, config: PlacementConfig) -> Gang
         elif t.state in HOLDING:
             held.append(t.node_id)
     p = job.spec.placement
-    if not p.gang:
+    if offered is not None:
+        gang = offered.gang if p.gang else 0
+    elif not p.gang:
         gang = 0
     elif job.spec.min_tasks is not None:
         gang = job.spec.min_tasks if not held else 0
@@ -264,7 +284,7 @@ def hopeless(
     place to hold it. The jobs' requests are left in `requests` for `place_jobs`."""
     out = []
     for job in jobs:
-        gang = requests[job.job_id] = gang_request(job, now - job.pending_since, config)
+        gang = requests[job.job_id] = gang_request(job, now - job.pending_since, config, now)
         if gang.tasks and not gang.holds_line and placer.fits_nowhere(gang.tasks[0].shape):
             out.append(job.job_id)
     return frozenset(out)
@@ -287,7 +307,8 @@ def place_jobs(
     snap = snapshot(cluster, state) if snap is None else snap
     made = requests or {}
     gangs = (
-        made.get(job.job_id) or gang_request(job, now - job.pending_since, config) for job in jobs
+        made.get(job.job_id) or gang_request(job, now - job.pending_since, config, now)
+        for job in jobs
     )
     placer = new_placer(state, snap, config) if placer is None else placer
     plan = placer.place(gangs, config.max_tasks_per_round)

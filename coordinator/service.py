@@ -8,7 +8,7 @@ import contextlib
 import gc
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from coordinator.api import Api
 from coordinator.cluster import ClusterView
@@ -69,6 +69,21 @@ class CoordinatorConfig:
     signing_key: str | None = None  # Ed25519 PEM: the leader signs every assignment with it
     summaries: BoardConfig = field(default_factory=BoardConfig)  # region summaries
     federation: FederationConfig = field(default_factory=FederationConfig)  # forwarding jobs
+    # Elastic training jobs (coordinator/elastic.py): a resize waits this long after a
+    # job's last membership change; a job whose progress stops this long after one is
+    # requeued. Carried into `placement`, which the leader's rounds read.
+    resize_every_s: float = 10.0
+    progress_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        for name in ("resize_every_s", "progress_timeout_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        self.placement = replace(
+            self.placement,
+            resize_every_s=self.resize_every_s,
+            progress_timeout_s=self.progress_timeout_s,
+        )
 
 
 class Coordinator:

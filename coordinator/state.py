@@ -24,6 +24,7 @@ from mesh.schema import (
     FedHoldRecorded,
     FedHomeRecorded,
     JobKillRequested,
+    JobScaled,
     JobSubmitted,
     JobUpdated,
     LeaderElected,
@@ -94,6 +95,10 @@ class TaskRecord:
     history: list[tuple[float, int, str, str, str]] = field(default_factory=list)
     # Named ports its attempt was given (TaskPlaced.ports); kept after it ends, for status.
     ports: dict[str, int] = field(default_factory=dict)
+    # Training (docs/training.md): the step count its task last wrote to
+    # $MESH_PROGRESS_FILE (-1: none yet), and when it last moved.
+    progress: int = -1
+    progress_at: float | None = None
 
     @property
     def resources(self) -> Resources:
@@ -123,6 +128,8 @@ class TaskRecord:
             "health": self.health,
             "stopping": self.stop_reason,
             "ports": dict(self.ports),
+            "progress": self.progress,
+            "progress_at": self.progress_at,
             "history": [
                 {"ts": ts, "attempt": a, "state": s, "node_id": n, "message": m}
                 for ts, a, s, n, m in self.history
@@ -158,6 +165,20 @@ class JobRecord:
     remote_outcome: str = ""
     # The task whose end ends the job (workloads.frameworks.primary_task), "" none.
     primary: str = ""
+    # Training (coordinator/elastic.py): an elastic job's target size (0: its
+    # workers_max, until a JobScaled moves it); for any training job, its membership
+    # changes after the first placement (`generation` moves with each, first included),
+    # when the last was, when a task's progress last moved, and its tasks' failures
+    # summed (the job-wide budget, spec.max_restarts).
+    target: int = 0
+    resizes: int = 0
+    changed_at: float | None = None
+    progress_at: float | None = None
+    failures: int = 0
+
+    @property
+    def is_training(self) -> bool:
+        return self.spec.framework != "batch" and not self.spec.is_service
 
     @property
     def state(self) -> JobState:
@@ -211,6 +232,13 @@ class JobRecord:
         as it is). One rule for the leader's decisions and the job's reported state."""
         if self.spec.is_service:
             return self._service_settles_to(t)
+        if t.state == TaskState.FAILED and self.is_training:
+            # A framework restarts all its workers from a failure: the budget is the job's.
+            if not self.kill_requested and self.failures <= self.spec.max_restarts:
+                return TaskState.PENDING, (
+                    f"restart {self.failures} of {self.spec.max_restarts} after failure"
+                )
+            return None, ""
         if t.state == TaskState.FAILED:
             if not self.kill_requested and t.failures <= self.spec.restart.max_retries:
                 why = f"retry {t.failures} of {self.spec.restart.max_retries} after failure"
@@ -356,6 +384,11 @@ class RegionState:
         # Jobs whose primary task ended SUCCEEDED or FAILED and that are not killed yet:
         # the leader ends them with it (reconcile._end_with_primary).
         self.primary_ended: set[str] = set()
+        # Training: elastic jobs not ended (the leader resizes them each round), and the
+        # training jobs whose membership an entry moved, with the first change's time and
+        # whether they had been placed before it (generation moves once per entry).
+        self.elastic: set[str] = set()
+        self._membership_due: dict[str, tuple[float, bool]] = {}
 
     # ------------------------------------------------------------ fold
 
@@ -373,11 +406,41 @@ class RegionState:
             self._apply_event(seq, ev)
         # Once per job and entry, not per event: a job's state is a walk of its counts,
         # and a 64-task gang placed in one entry walked them 64 times.
+        if self._membership_due:
+            self._membership_moved()
         due = self._recount_due
         for job in due.values():
             self._recount(job)
         due.clear()
         return True
+
+    def _membership(self, job: JobRecord, ts: float, placed_before: bool) -> None:
+        if job.is_training and job.job_id not in self._membership_due:
+            self._membership_due[job.job_id] = (ts, placed_before)
+
+    def _membership_moved(self) -> None:
+        """A training job's tasks started or stopped holding in this entry: its
+        generation moves (MESH_GENERATION: the workers' rendezvous round), once."""
+        for job_id, (ts, placed_before) in self._membership_due.items():
+            job = self.jobs[job_id]
+            job.generation += 1
+            job.changed_at = ts
+            if placed_before:
+                job.resizes += 1
+        self._membership_due.clear()
+
+    def _job_scaled(self, ev: JobScaled) -> None:
+        job = self.jobs.get(ev.job_id)
+        spec = job.spec if job is not None else None
+        if (
+            spec is None
+            or not spec.is_elastic
+            or job.kill_requested
+            or not (spec.workers_min or 1) <= ev.workers <= (spec.workers_max or 0)
+        ):
+            self.ignored += 1
+            return
+        job.target = ev.workers
 
     def _apply_event(self, seq: int, ev: object) -> None:
         if isinstance(ev, TaskUpdated):
@@ -438,6 +501,8 @@ class RegionState:
             self._fed_home(ev)
         elif isinstance(ev, FedHoldRecorded):
             self.fed_held[ev.job_id] = ev  # (only its holder logs it: each supersedes the last)
+        elif isinstance(ev, JobScaled):
+            self._job_scaled(ev)
 
     def _edge_event(self, ev: SiteRecorded | DuplicateStopped) -> None:
         """A site's status (each record replaces the last), or a stale copy stopped: a
@@ -539,6 +604,8 @@ class RegionState:
             self.federated.add(ev.job_id)  # (a job held for another region never spills on)
         if spec.is_service:
             self.services.add(job.job_id)
+        if spec.is_elastic:
+            self.elastic.add(job.job_id)
         self._recount_due[job.job_id] = job
 
     def _job_updated(self, ev: JobUpdated) -> None:
@@ -628,6 +695,7 @@ class RegionState:
         task.message = task.log_tail = ""
         task.started_at = task.finished_at = None
         job = self.jobs[task.job_id]
+        self._membership(job, ev.ts, job.placed_ever)
         job.placed_ever = True
         task.health = ""
         task.checked = job.spec.health is not None
@@ -653,7 +721,17 @@ class RegionState:
             self.epoch += 1
             task.health = ev.health
             self._history(task, ev.ts, ev.message or f"health: {ev.health}")
+            self._progress(task, ev)
             return
+        if (
+            task is not None
+            and ev.attempt == task.attempt
+            and task.state == ev.state == TaskState.RUNNING
+            and ev.progress >= 0
+        ):
+            if not self._progress(task, ev):
+                self.ignored += 1
+            return  # (not in the history: a step count moves every few seconds)
         if task is None or ev.attempt != task.attempt or task.state == ev.state:
             self.ignored += 1
             return
@@ -684,6 +762,7 @@ class RegionState:
         if ev.state == TaskState.RUNNING:
             task.started_at = ev.ts
             task.health = ev.health
+            self._progress(task, ev)
         if ev.state in ENDED or ev.state in FINAL:
             task.finished_at = ev.ts
             task.exit_code = ev.exit_code
@@ -691,6 +770,7 @@ class RegionState:
             task.log_tail = ev.log_tail
             if ev.state == TaskState.FAILED:
                 task.failures += 1
+                job.failures += 1
             if job.spec.is_service and ev.state in UNSETTLED:
                 ran = ev.ts - task.started_at if task.started_at is not None else 0.0
                 task.restarts = 1 if ran >= BACKOFF_RESET_S else task.restarts + 1
@@ -698,6 +778,7 @@ class RegionState:
                 self.stopping.discard(task.task_id)
         task.message = ev.message
         if was_holding and task.state not in HOLDING:
+            self._membership(job, ev.ts, True)
             if task.preempt_reason:
                 task.preempt_reason = ""
                 self.preempting.discard(task.task_id)
@@ -723,6 +804,15 @@ class RegionState:
             self._primary_moved(job, task)
         self._recount_due[job.job_id] = job
 
+    def _progress(self, task: TaskRecord, ev: TaskUpdated) -> bool:
+        """A RUNNING attempt's training progress; whether it moved."""
+        if ev.progress < 0 or ev.progress == task.progress:
+            return False
+        task.progress = ev.progress
+        task.progress_at = ev.ts
+        self.jobs[task.job_id].progress_at = ev.ts
+        return True
+
     def _move(self, task: TaskRecord, new: TaskState) -> None:
         counts = self.jobs[task.job_id].counts
         counts[task.state] -= 1
@@ -735,6 +825,8 @@ class RegionState:
         now = job.state
         if now is job.counted_as:
             return
+        if job.job_id in self.elastic and now not in (JobState.PENDING, JobState.RUNNING):
+            self.elastic.discard(job.job_id)
         if job.counted_as is not None:
             self.job_counts[str(job.counted_as)] -= 1
         self.job_counts[str(now)] = self.job_counts.get(str(now), 0) + 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from coordinator.cluster import NodeView
 from coordinator.partitions.views import node_partition
-from coordinator.state import JobRecord, RegionState
+from coordinator.state import HOLDING, JobRecord, RegionState
 
 
 def job_federation(state: RegionState, region: str, job_id: str) -> dict | None:
@@ -43,6 +43,27 @@ def job_detail(job: JobRecord, pending_reason: str | None, federation: dict | No
         "spec": spec,
         "task_list": [t.to_dict() for t in job.tasks.values()],
         "federation": federation,
+        "training": training(job),
+    }
+
+
+def training(job: JobRecord) -> dict | None:
+    """A training job's size and budget (docs/training.md); None for any other job."""
+    if not job.is_training:
+        return None
+    spec = job.spec
+    holding = sum(1 for t in job.tasks.values() if t.state in HOLDING)
+    return {
+        "framework": spec.framework,
+        "generation": job.generation,
+        "size": holding,
+        "target": (job.target or spec.workers_max or len(job.tasks)) if spec.is_elastic else None,
+        "min": spec.workers_min,
+        "max": spec.workers_max,
+        "resizes": job.resizes,
+        "restarts": job.failures,
+        "max_restarts": spec.max_restarts,
+        "progress_at": job.progress_at,
     }
 
 

@@ -24,6 +24,7 @@ from mesh.schema import (
     MAX_REQUEST,
     ApiError,
     ErrorCode,
+    HostsRequest,
     JobListRequest,
     JobRef,
     KillRequest,
@@ -31,6 +32,7 @@ from mesh.schema import (
     NodeRef,
     PoolApplyRequest,
     PoolRef,
+    ScaleRequest,
     SubmitManyRequest,
     SubmitRequest,
     UpdateRequest,
@@ -149,6 +151,16 @@ class MeshClient:
 
     async def kill(self, job_id: str, reason: str = "") -> None:
         await self.request("job.kill", KillRequest(job_id, reason), retries=20)
+
+    async def scale(self, job_id: str, workers: int, reason: str = "", by: str = "") -> dict:
+        """An elastic training job's new target size (docs/training.md)."""
+        req = ScaleRequest(job_id, workers, reason, by)
+        return await self.request("job.scale", req, retries=20)
+
+    async def hosts(self, job_id: str, fmt: str = "plain") -> list[str]:
+        """A training job's holding tasks' hosts, as hostfile lines of `fmt`."""
+        reply = await self.request("job.hosts", HostsRequest(job_id, fmt), retries=5)
+        return reply["hosts"]
 
     async def update(self, job_id: str, spec: Any) -> dict:
         """Replace a running service's spec (YAML text or mapping): its replicas are

@@ -74,6 +74,8 @@ __all__ = [
     "HealthProbe",
     "HEALTH_STATES",
     "UpdateRequest",
+    "ScaleRequest",
+    "HostsRequest",
     "PoolApplyRequest",
     "PoolRef",
     "LogEvent",
@@ -758,6 +760,29 @@ class UpdateRequest:
 
     job_id: str = wf(max_len=ID)
     spec: Any = wf(None, max_len=MAX_REQUEST)
+    v: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleRequest:
+    """job.scale: an elastic training job's new target size (docs/training.md)."""
+
+    job_id: str = wf(max_len=ID)
+    workers: int = wf(ge=1, le=10_000)
+    reason: str = wf("", max_len=1024)
+    by: str = wf("", max_len=ID)
+    v: int = 1
+
+
+HOSTS_FORMATS = ("horovod", "mpi", "plain")
+
+
+@dataclass(frozen=True, slots=True)
+class HostsRequest:
+    """job.hosts: a training job's holding tasks' hosts, as a hostfile's lines."""
+
+    job_id: str = wf(max_len=ID)
+    format: str = wf("plain", choices=HOSTS_FORMATS)
     v: int = 1
 
 

@@ -235,7 +235,31 @@ async def _job(args: argparse.Namespace, client: MeshClient) -> int:
         return await _kill(args, client)
     if args.job_cmd == "update":
         return await _update(args, client)
+    if args.job_cmd == "scale":
+        reply = await client.scale(args.job_id, args.workers, args.reason, _who())
+        same = reply["workers"] == reply["was"]
+        human = (
+            f"{args.job_id} already has target {args.workers}"
+            if same
+            else f"{args.job_id}: target {reply['was']} -> {reply['workers']}"
+        )
+        out(args, reply, human)
+        return EXIT_OK
+    if args.job_cmd == "hosts":
+        hosts = await client.hosts(args.job_id, args.format)
+        out(args, {"job_id": args.job_id, "format": args.format, "hosts": hosts}, "\n".join(hosts))
+        return EXIT_OK
     return await _logs(args, client)
+
+
+def _who() -> str:
+    """Who asked, for the log (JobScaled.by): the local user name."""
+    import getpass
+
+    try:
+        return getpass.getuser()[:128]
+    except (KeyError, OSError):
+        return ""
 
 
 async def _update(args: argparse.Namespace, client: MeshClient) -> int:

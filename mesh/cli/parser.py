@@ -264,6 +264,21 @@ def build_parser() -> argparse.ArgumentParser:
         "guard; default 30)",
     )
     co.add_argument(
+        "--resize-every",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="an elastic training job is resized at most this often (after its last "
+        "membership change)",
+    )
+    co.add_argument(
+        "--progress-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="an elastic job whose progress stops this long after a membership change is requeued",
+    )
+    co.add_argument(
         "--signing-key",
         metavar="PEM",
         help="Ed25519 private key: sign every assignment "
@@ -309,6 +324,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     upd.add_argument("file", help="spec file, or - for stdin")
     upd.add_argument("--job", metavar="JOB_ID", help="the service to update (default: by name)")
+    sc = job.add_parser(
+        "scale",
+        help="set an elastic training job's target size",
+        description="Set the target size of an elastic training job (workers: {min, max}): "
+        "the scheduler places its waiting tasks up to it, or stops its tasks above it "
+        "(highest index first, never task 0), within [min, max].",
+    )
+    sc.add_argument("job_id")
+    sc.add_argument("--workers", type=int, required=True, metavar="N", help="the new size")
+    sc.add_argument("--reason", default="")
+    ho = job.add_parser(
+        "hosts",
+        help="a training job's hosts, as a hostfile",
+        description="The hosts of a training job's placed tasks, in task order: "
+        "horovod `host:slots` (what horovodrun's host discovery script prints), mpi "
+        "`host slots=N`, or plain hosts.",
+    )
+    ho.add_argument("job_id")
+    ho.add_argument("--format", choices=("horovod", "mpi", "plain"), default="plain")
     lg = job.add_parser("logs", help="a task's log, from the agent that ran it")
     lg.add_argument("job_id")
     lg.add_argument(

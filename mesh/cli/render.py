@@ -193,6 +193,9 @@ def job_detail(job: dict, *, wide: bool = False, width: int | None = None) -> st
     service = job.get("kind") == "service"
     if service:
         lines.append(f"kind     service   generation {job.get('generation', 0)}")
+    training = job.get("training")
+    if training:
+        lines.append(training_line(training))
     if job.get("kill_reason") and job["kill_requested"]:
         lines.append(f"killed   {job['kill_reason']}")
     if job.get("pending_reason"):
@@ -214,12 +217,16 @@ def job_detail(job: dict, *, wide: bool = False, width: int | None = None) -> st
             row[6:6] = [ago(t.get("placed_at")), ",".join(t.get("gpu_uuids") or []) or "-"]
         if service:  # a replica's health check verdict ("-": none, or none yet)
             row[2:2] = [t.get("health") or "-"]
+        if training:  # the step count it last wrote ("-": none yet)
+            row[2:2] = ["-" if t.get("progress", -1) < 0 else t["progress"]]
         rows.append(row)
     headers = ["TASK", "STATE", "ATTEMPT", "NODE", "EXIT", "RAN", "MESSAGE"]
     if wide:
         headers[6:6] = ["PLACED", "GPUS"]
     if service:
         headers[2:2] = ["HEALTH"]
+    if training:
+        headers[2:2] = ["PROGRESS"]
     lines += ["", table(rows, headers, width)]
     if wide:
         for t in job["task_list"]:
@@ -235,6 +242,16 @@ def job_detail(job: dict, *, wide: bool = False, width: int | None = None) -> st
             tail = t["log_tail"].rstrip().splitlines()[-5:]
             lines += ["", f"{t['task_id']} log tail:"] + [f"  | {ln}" for ln in tail]
     return "\n".join(lines)
+
+
+def training_line(t: dict) -> str:
+    """A training job's framework, size and budget (docs/training.md): size is its tasks
+    holding now; an elastic job's target and bounds follow."""
+    parts = [f"training {t['framework']}", f"generation {t['generation']}", f"size {t['size']}"]
+    if t.get("target") is not None:
+        parts.append(f"target {t['target']} (min {t['min']}, max {t['max']})")
+    parts += [f"resizes {t['resizes']}", f"restarts {t['restarts']}/{t['max_restarts']}"]
+    return "   ".join(parts)
 
 
 def pool_amount(kind: str, value: Any, *, exact: bool = False) -> str:

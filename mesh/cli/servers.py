@@ -212,6 +212,13 @@ async def coordinator(args: argparse.Namespace, ctx: Context) -> int:
     if not 0 < args.suspect_after <= args.down_after:
         print("--suspect-after must be > 0 and <= --down-after", file=sys.stderr)
         return EXIT_USAGE
+    for flag, value in (
+        ("--resize-every", args.resize_every),
+        ("--progress-timeout", args.progress_timeout),
+    ):
+        if not value >= 0:
+            print(f"{flag} must be >= 0", file=sys.stderr)
+            return EXIT_USAGE
     placement = PlacementConfig()
     if args.starve_after is not None:
         try:
@@ -234,6 +241,8 @@ async def coordinator(args: argparse.Namespace, ctx: Context) -> int:
             placement=placement,
             suspect_after=args.suspect_after,
             down_after=args.down_after,
+            resize_every_s=args.resize_every,
+            progress_timeout_s=args.progress_timeout,
             connect_options=ctx.connect_options(Identity.coordinator()),
         )
     )

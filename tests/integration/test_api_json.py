@@ -131,6 +131,13 @@ async def test_every_endpoint_answers_json(region):
     restored = await call("partition.restore", {"reason": "done", "by": "t"})
     assert restored["ok"], restored
 
+    # training (docs/training.md): a batch job is not elastic, and has no hosts held
+    scaled = await call("job.scale", {"job_id": job_id, "workers": 2})
+    assert scaled["ok"] is False and scaled["error"]["code"] == "BAD_REQUEST", scaled
+    assert "not elastic" in scaled["error"]["message"]
+    hosts = await call("job.hosts", {"job_id": job_id, "format": "mpi"})
+    assert hosts == {"ok": True, "job_id": job_id, "format": "mpi", "hosts": []}
+
     # the regions heard from (docs/federation.md): this one, from its leader's summary
     heard = await call("region.list", {})
     assert [(r["region"], r["status"]) for r in heard["regions"]] == [("default", "fresh")]

@@ -44,7 +44,16 @@ def test_commands(script_file):
 
 
 def test_subcommands_after_global_flags_with_values(script_file):
-    assert complete(script_file, "mesh job ") == ["kill", "list", "logs", "run", "status", "update"]
+    assert complete(script_file, "mesh job ") == [
+        "hosts",
+        "kill",
+        "list",
+        "logs",
+        "run",
+        "scale",
+        "status",
+        "update",
+    ]
     assert complete(script_file, "mesh --region eu job k") == ["kill"]
     assert complete(script_file, "mesh -o json context u") == ["use"]
 

@@ -32,6 +32,7 @@ from mesh.schema import (
     GpuProcessInfo,
     GpuStatus,
     HealthProbe,
+    HostsRequest,
     JobKillRequested,
     JobListRequest,
     JobRef,
@@ -55,6 +56,7 @@ from mesh.schema import (
     PoolsApplied,
     ReplicaAdded,
     RestoreRequest,
+    ScaleRequest,
     SiteRecorded,
     SubmitRequest,
     TaskEvent,
@@ -450,6 +452,16 @@ STRATEGIES = {
     ReplicaAdded: replica_added,
     TaskStopRequested: task_stop_requested,
     UpdateRequest: st.builds(UpdateRequest, job_id=text(128), spec=free_form),
+    ScaleRequest: st.builds(
+        ScaleRequest,
+        job_id=text(128),
+        workers=st.integers(1, 10_000),
+        reason=text(100),
+        by=text(128),
+    ),
+    HostsRequest: st.builds(
+        HostsRequest, job_id=text(128), format=st.sampled_from(["horovod", "mpi", "plain"])
+    ),
     PoolApplyRequest: st.builds(PoolApplyRequest, source=free_form),
     PoolRef: st.builds(PoolRef, path=text(512)),
     NodePartitionSet: node_partition_set,

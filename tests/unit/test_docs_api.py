@@ -18,6 +18,7 @@ from mesh.schema import (
     MAX_SPEC_BYTES,
     BreakGlassRequest,
     ErrorCode,
+    HostsRequest,
     JobListRequest,
     JobRef,
     KillRequest,
@@ -28,6 +29,7 @@ from mesh.schema import (
     PoolApplyRequest,
     PoolRef,
     RestoreRequest,
+    ScaleRequest,
     SubmitManyRequest,
     SubmitRequest,
     UpdateRequest,
@@ -57,6 +59,8 @@ REQUESTS: dict[str, type | None] = {
     "partition.move": PartitionMoveRequest,
     "partition.break_glass": BreakGlassRequest,
     "partition.restore": RestoreRequest,
+    "job.scale": ScaleRequest,
+    "job.hosts": HostsRequest,
 }
 
 
