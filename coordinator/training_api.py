@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator.state import HOLDING, JobRecord
 from mesh.schema import ApiError, ErrorCode, HostsRequest, JobScaled, ScaleRequest, ok
+from workloads.frameworks import Peer
+from workloads.frameworks.horovod import horovod_hosts
+from workloads.frameworks.mpi import host_slots, mpi_hostfile
 from workloads.lifecycle import JobState
 
 if TYPE_CHECKING:
@@ -30,15 +33,15 @@ def handlers(
 
 
 def host_lines(hosts: list[str], slots: int, fmt: str) -> list[str]:
-    """A hostfile's lines, one per host in task order: horovod `host:slots`, mpi
-    `host slots=N`, plain `host`. (The frameworks' own writers, horovod_hosts and
-    mpi_hostfile in workloads/frameworks/, are the spec helper's and not on this branch
-    yet: these are the same formats, to be replaced by those once they land.)"""
+    """The job's hosts as the framework reads them, one line per distinct host (its
+    tasks' slots summed): horovod `host:slots`, mpi `host slots=N`, plain `host`. The
+    same writers make the hostfile the agent puts beside each mpi or horovod task."""
+    peers = [Peer("", i, h) for i, h in enumerate(hosts)]
     if fmt == "horovod":
-        return [f"{h}:{slots}" for h in hosts]
+        return horovod_hosts(peers, slots).splitlines()
     if fmt == "mpi":
-        return [f"{h} slots={slots}" for h in hosts]
-    return list(hosts)
+        return mpi_hostfile(peers, slots).splitlines()
+    return [h for h, _ in host_slots(peers, slots)]
 
 
 class TrainingApi:

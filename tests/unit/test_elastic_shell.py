@@ -193,7 +193,12 @@ def test_failures_of_a_training_job_count_against_max_restarts_summed():
 
 
 def _nodes(n=4):
-    return cluster(*(view(f"n{i}", cpu=1000) for i in range(1, n + 1)))
+    # (task 0 of a pytorch-elastic job is given its rendezvous port: the nodes offer some)
+    nodes = (
+        view(f"n{i}", cpu=1000, address="127.0.0.1", port_range=(20000, 32000))
+        for i in range(1, n + 1)
+    )
+    return cluster(*nodes)
 
 
 def test_placed_as_a_gang_of_min_then_grows_to_target_only_after_resize_every_s():

@@ -116,6 +116,8 @@ def view(
     memory: int = 16 * GiB,
     simulated: bool = False,
     tasks: tuple[str, ...] = (),
+    address: str = "",
+    port_range: tuple[int, int] = (0, 0),
 ) -> NodeView:
     state = NodeState(
         node_id=node_id,
@@ -125,6 +127,8 @@ def view(
         capacity=Resources(cpu=cpu, memory=memory),
         simulated=simulated,
         tasks=tuple(tasks),
+        address=address,
+        port_range=port_range,
     )
     return NodeView(state, last_seen=0.0, status=status)
 
