@@ -309,7 +309,10 @@ class Agent:
             self.watchdog = None
         if hasattr(self, "feed"):
             await self.feed.stop()
-        for task in [*self._tasks, *self._monitors]:
+        watchers = [*self._health.values(), *self._progress.values()]
+        self._health.clear()
+        self._progress.clear()
+        for task in [*self._tasks, *self._monitors, *watchers]:
             if not task.done():
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
