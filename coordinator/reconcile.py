@@ -118,29 +118,16 @@ def agent_event(
             new_state = TaskState.FAILED
             message = f"service replica exited with code 0{': ' + message if message else ''}"
         was = t.state if now_in is None else now_in
-        if new_state == was == TaskState.RUNNING and ev.health and ev.health != t.health:
-            return TaskUpdated(
-                ev.job_id,
-                ev.task_id,
-                ev.attempt,
-                new_state,
-                ev.node_id,
-                ev.ts,
-                message=message or f"health check: {ev.health}",
-                health=ev.health,
-                progress=ev.progress,
-            )
-        if new_state == was == TaskState.RUNNING and ev.progress >= 0 and ev.progress != t.progress:
-            # Training progress (docs/training.md): the watchdog and `mesh job status`.
-            return TaskUpdated(
-                ev.job_id,
-                ev.task_id,
-                ev.attempt,
-                new_state,
-                ev.node_id,
-                ev.ts,
-                progress=ev.progress,
-            )
+        if new_state == was == TaskState.RUNNING:
+            # A running attempt's health verdict changed (a service replica), or its
+            # training progress moved (docs/training.md: the watchdog, `mesh job status`).
+            health = ev.health if ev.health and ev.health != t.health else ""
+            if health or (ev.progress >= 0 and ev.progress != t.progress):
+                text = (message or f"health check: {health}") if health else ""
+                return TaskUpdated(
+                    ev.job_id, ev.task_id, ev.attempt, new_state, ev.node_id, ev.ts,
+                    message=text, health=health, progress=ev.progress,
+                )  # fmt: skip
         if new_state == was or not can_transition(was, new_state):
             # The log has it already (an event redelivered to a new leader after the old
             # one logged it but died before acknowledging it), or a later one of the same
