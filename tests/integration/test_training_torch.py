@@ -111,7 +111,7 @@ async def test_elastic_job_grows_when_capacity_frees_and_shrinks_when_preempted(
     )
     t0 = time.time()
     job_id = await client.submit(spec)
-    at2 = await eventually(lambda: first_at(ckpt, 2, t0), timeout=60)
+    at2 = await eventually(lambda: first_at(ckpt, 2, t0), timeout=90)  # a cold torch import
     job = await client.job(job_id)
     tr = job["training"]
     assert (tr["size"], tr["target"], tr["generation"], tr["resizes"]) == (2, 3, 1, 0), tr
