@@ -173,7 +173,8 @@ async def test_elastic_job_grows_when_capacity_frees_and_shrinks_when_preempted(
     assert sum(loss[-5:]) * 20 < sum(loss[:5]), (loss[:5], loss[-5:])
     print(
         f"\nthrough Mesh: grow 2->3 {grow_s:.1f}s (placement -> first step at 3), "
-        f"shrink 3->2 {shrink_s:.1f}s (preemption -> first step at 2), steps {seen[-1]}"
+        f"shrink 3->2 {shrink_s:.1f}s (preemption -> first step at 2), steps {seen[-1]}; "
+        f"{preempted['message']!r}"
     )
 
 
