@@ -19,9 +19,13 @@ Why it is built so:
   leaves. Steps repeat only when a worker is killed outright (SIGKILL, a lost node):
   then at most ``--save-every - 1`` steps since the last periodic checkpoint.
 - One JSON line per step (rank 0) in ``<checkpoint dir>/train.jsonl``, and one
-  ``"event": "start"`` line per process start, so a test or the bench reads the world
+  ``"event": "start"`` line per process start (with ``boot``: when its ``main`` module
+  ran, torch was ``imported``, the process ``group`` formed and the ``state`` was
+  agreed and loaded), so a test or the bench reads the world
   size, step and loss over time; rank 0 writes its step to MESH_PROGRESS_FILE.
 - Each step sleeps (``--step-sleep``, 50 ms) so a run lasts long enough to be resized.
+- ``--stop-file``: a run as long as its driver needs (a test, the bench) ends like one
+  of ``--steps``: every rank stops after the step in which any of them saw the file.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from datetime import timedelta
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+_MAIN = time.time()  # for the start line's `boot`: where a new generation's time goes
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -54,6 +59,11 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.05, help="seconds per step")
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--gloo-timeout", type=float, default=30.0, help="collective timeout, s")
+    p.add_argument(
+        "--stop-file",
+        default="",
+        help="end (exit 0, like --steps) after the step during which this file appears",
+    )
     p.add_argument(
         "--checkpoint-dir",
         default=os.environ.get("MESH_CHECKPOINT_DIR", ""),
@@ -155,7 +165,9 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, _on_term)
     torch.manual_seed(0)
+    imported = time.time()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.gloo_timeout))
+    grouped = time.time()
     rank, world = dist.get_rank(), dist.get_world_size()
     saver = int(os.environ.get("LOCAL_RANK", "0")) == 0
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -169,8 +181,11 @@ def main(argv: list[str]) -> int:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step = state["step"]
+    loaded = time.time()
     ddp = DistributedDataParallel(model)
-    log.write(event="start", step=step, world_size=world, rank=rank, restart=restart)
+    boot = {"main": _MAIN, "imported": imported, "group": grouped, "state": loaded}
+    boot = {k: round(v, 3) for k, v in boot.items()}
+    log.write(event="start", step=step, world_size=world, rank=rank, restart=restart, boot=boot)
     if saver:
         _save(root, step, model, opt)  # the new generation's first checkpoint
     x, y = _dataset()
@@ -180,15 +195,22 @@ def main(argv: list[str]) -> int:
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(ddp(x[idx]), y[idx])
             loss.backward()  # DDP averages the gradients over the ranks here
-            mean = loss.detach().clone()
-            dist.all_reduce(mean)  # the step's last collective: after it nothing fails
+            # The loss summed and whether any rank saw the stop file, in one collective:
+            # the step's last, after it nothing fails, and every rank ends at one step.
+            told = bool(args.stop_file) and os.path.exists(args.stop_file)
+            mean = torch.stack([loss.detach(), torch.tensor(float(told))])
+            dist.all_reduce(mean)
             opt.step()
             step += 1
-            log.write(step=step, loss=round(float(mean) / world, 6), world_size=world, rank=rank)
+            loss_mean = round(float(mean[0]) / world, 6)
+            log.write(step=step, loss=loss_mean, world_size=world, rank=rank)
             if rank == 0:
                 _progress(step)
-            if saver and (step % args.save_every == 0 or step == args.steps):
+            last = step == args.steps or float(mean[1]) > 0
+            if saver and (step % args.save_every == 0 or last):
                 _save(root, step, model, opt)
+            if last:
+                break
             time.sleep(args.step_sleep)
     except (RuntimeError, dist.DistBackendError) as exc:
         # A peer left (a scale-down, a failure): the parameters still hold `step`.

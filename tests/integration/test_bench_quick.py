@@ -36,6 +36,7 @@ def _repo_files() -> dict[str, tuple[int, int]]:
 def test_the_runner_lists_the_benches():
     names = available()
     some = {"api", "edge", "failover", "federation", "footprint", "inference", "placement"}
+    some |= {"training"}
     assert some <= set(names)
     r = subprocess.run(
         [sys.executable, "-m", "bench", "--help"], capture_output=True, text=True, timeout=60
