@@ -138,9 +138,11 @@ async def test_discovery_script_follows_the_job_as_it_grows_and_shrinks(region, 
     argv = (out / "argv").read_text().split()
     assert argv[:6] == ["-np", "2", "--min-np", "2", "--max-np", "6"], argv
     assert argv[6] == "--host-discovery-script"
-    files_dir = dict(line.split("=", 1) for line in (out / "env").read_text().splitlines())[
-        "MESH_FILES_DIR"
-    ]
+    told = dict(line.split("=", 1) for line in (out / "env").read_text().splitlines())
+    # How the script's `mesh` found the API: the agent's URL and region, given every task.
+    assert (told["MESH_NATS_URL"], told["MESH_REGION"]) == (region.url, "default")
+    assert told["MESH_CLI"] == MESH
+    files_dir = told["MESH_FILES_DIR"]
     assert argv[7] == f"{files_dir}/discover_hosts.sh"  # @files/ resolved by the agent
     assert argv[8:] == ["python", "train.py"]
 
