@@ -25,8 +25,11 @@ from .conftest import eventually
 
 APP = Path(__file__).resolve().parents[2] / "examples" / "training" / "wordcount.py"
 # Two agents on this host (127.0.0.1), each with its own range: the coordinator must give
-# every task ports of its own node's range, distinct on the shared address.
-RANGES = {"node-1": (26100, 26199), "node-2": (26200, 26299)}
+# every task ports of its own node's range, distinct on the shared address. Above Linux's
+# ephemeral range and outside the default one (20000-32000): a port held by another test's
+# task (this suite's or a neighbour's, with a coordinator of its own) fails a start here,
+# and the job has no restart to spend on it.
+RANGES = {"node-1": (61100, 61199), "node-2": (61200, 61299)}
 # Short-lived JVMs on 2 shared cores: C1 only and one GC thread halve their start's CPU
 # (as in the adapter test); the adapter's own options are kept.
 FAST_JVM = {"JAVA_TOOL_OPTIONS": f"{JAVA_TOOL_OPTIONS} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
@@ -68,6 +71,16 @@ def _spec(name: str, app_args: list[str]) -> dict:
             },
         ],
     }
+
+
+def _outcomes(job: dict) -> str:
+    """The job's state and each task's, with its last message: what a failure shows."""
+    shown = [f"job {job['state']}: {job.get('kill_reason', '')}"]
+    for t in job["task_list"]:
+        shown.append(f"{t['role']}-{t['index']} {t['state']} on {t['node_id']}: {t['message']}")
+        if t["state"] == "FAILED":
+            shown.append(t["log_tail"][-1500:])
+    return "\n".join(shown)
 
 
 def _left_behind(root: Path, ports: set[int]) -> list[str]:
@@ -121,17 +134,17 @@ async def test_spark_wordcount_job_ends_with_its_driver(region, tmp_path):
 
     async def jvms_running():
         job = await region.client.job(job_id)
-        if job["state"] != "RUNNING":
-            return job["state"]  # ended first: the assertion below names how
+        if job["state"] in ("SUCCEEDED", "FAILED", "KILLED"):
+            return _outcomes(job)  # ended first: the assertion below names how
         found = [p for p in _left_behind(tmp_path, set()) if "java" in p]
         return len(found) >= 4 and found  # master, 2 workers, driver (and executors)
 
     # While it runs the check below sees the cluster's JVMs: it can tell one left behind.
     seen = await eventually(jvms_running, timeout=JOB_TIMEOUT_S, interval=0.5)
-    assert not isinstance(seen, str), f"the job ended {seen} before its JVMs were seen"
+    assert isinstance(seen, list), f"the job ended before its JVMs were seen: {seen}"
     job = await region.client.wait(job_id, timeout=JOB_TIMEOUT_S)
     tasks = {f"{t['role']}-{t['index']}": t for t in job["task_list"]}
-    assert job["state"] == "SUCCEEDED", tasks["driver-0"]
+    assert job["state"] == "SUCCEEDED", _outcomes(job)
     assert tasks["driver-0"]["state"] == "SUCCEEDED"
     assert job["kill_reason"] == f"primary task {job_id}.driver.0 succeeded: the job ends with it"
     result = json.loads(target.read_text())
@@ -147,7 +160,7 @@ async def test_spark_driver_that_fails_fails_the_job_and_stops_the_cluster(regio
     job_id = await region.client.submit(_spec("wc-bad", [str(missing), str(tmp_path / "x.json")]))
     job = await region.client.wait(job_id, timeout=JOB_TIMEOUT_S)
     tasks = {f"{t['role']}-{t['index']}": t for t in job["task_list"]}
-    assert job["state"] == "FAILED", tasks["driver-0"]
+    assert job["state"] == "FAILED", _outcomes(job)
     assert tasks["driver-0"]["state"] == "FAILED"
     assert job["kill_reason"] == f"primary task {job_id}.driver.0 failed: the job ends with it"
     assert tasks["driver-0"]["exit_code"] == 1
