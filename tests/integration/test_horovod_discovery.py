@@ -1,8 +1,9 @@
 """The Horovod and MPI launch contracts through Mesh, on three real agents (in-process,
 each advertising its own loopback address) and a real coordinator over a real nats-server.
 
-Horovod has no wheel here (no `horovod` for this Python and torch, and building it needs
-a compiler toolchain and MPI), and there is no `mpirun` either. So task 0's launcher is a
+Horovod has no wheel (PyPI's latest, 0.28.1 of 2023, is a source package compiled
+against the installed framework with cmake; none is installed here), and there is no
+`mpirun` either. So task 0's launcher is a
 stand-in on the task's PATH, and what it does is what the real one would do with what
 Mesh gives it: the `horovodrun` stand-in polls the discovery script the adapter wrote
 (``--host-discovery-script @files/discover_hosts.sh``, resolved by the agent) as
