@@ -49,6 +49,7 @@ from agent.training import (
     files_env,
     ports_problem,
     progress_loop,
+    task_nats_url,
 )
 from mesh import subjects
 from mesh.codec import WireError, decode, encode
@@ -276,8 +277,9 @@ class Agent:
             )
 
     def task_env(self) -> dict[str, str]:
-        """What every task is told about where it runs: this agent's NATS and region."""
-        return {"MESH_NATS_URL": self.config.nats_url, "MESH_REGION": self.region}
+        """What every task is told about where it runs: this agent's NATS (no credentials
+        in it: agent.training.task_nats_url) and region."""
+        return {"MESH_NATS_URL": task_nats_url(self.config.nats_url), "MESH_REGION": self.region}
 
     def task_identity_env(self) -> dict[str, str] | None:
         """The task identity's files, for tasks that ask (`ProcessExecutor._environment`):

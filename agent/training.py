@@ -36,6 +36,24 @@ _MAX_PROGRESS_BYTES = 64
 log = logging.getLogger("mesh.agent")
 
 
+# ---------------------------------------------------------------- Mesh, for a task
+
+
+def task_nats_url(url: str) -> str:
+    """The agent's NATS URL(s) as its tasks are told them (MESH_NATS_URL: a horovod
+    discovery script's `mesh job hosts`, an inference worker): any ``user:password@``
+    dropped, since every task of the node reads it. A task that needs an identity asks
+    for the task identity (MESH_TASK_IDENTITY); it never gets the agent's."""
+    out = []
+    for one in url.split(","):
+        one = one.strip()
+        scheme, sep, rest = one.rpartition("://")
+        netloc, slash, path = rest.partition("/")
+        host = netloc.rpartition("@")[2]
+        out.append(f"{scheme}{sep}{host}{slash}{path}")
+    return ",".join(u for u in out if u)
+
+
 # ---------------------------------------------------------------- the node's range
 
 
