@@ -1176,6 +1176,10 @@ class ProcessExecutor:
             return b""
         return _read_tail(self._task_dir(task_id) / f"{stream}.log", tail_bytes)
 
+    def running(self) -> list[ProcessHandle]:
+        """The tasks this executor started and has not cleaned up (ended ones included)."""
+        return [handle for handle, _ in self._children.values()]
+
     def cleanup(self, task_id: str) -> None:
         """Remove the task's dir and cgroups, SIGKILLing whatever of it still runs."""
         if not isinstance(task_id, str):

@@ -299,9 +299,13 @@ class Agent:
         """Stop the agent. Tasks keep running (a restarted agent re-adopts them) unless
         `kill_tasks`, which is what `mesh up` wants when it shuts everything down."""
         if kill_tasks:
+            if hasattr(self, "feed"):
+                await self.feed.stop()  # first, so that nothing starts during the kills
+            # The executor's own list too: a task whose start was cut short by the stop
+            # runs, but never made it into self.handles.
+            live = {h.task_id: h for h in (*self.executor.running(), *self.handles.values())}
             await asyncio.gather(
-                *(self.executor.kill(h, 1.0) for h in list(self.handles.values())),
-                return_exceptions=True,
+                *(self.executor.kill(h, 1.0) for h in live.values()), return_exceptions=True
             )
             await asyncio.sleep(0)
         for task in self._tasks:
