@@ -35,8 +35,15 @@ leaf connections and every other identity only client connections
 
 Inference (docs/inference_deploy.md): a `router` takes client requests and sends batches
 to workers; a `worker` (the identity an agent hands to the inference tasks it runs)
-announces itself and answers batches. Neither may touch the API, JetStream, node state
-or assignments; users may send inference requests besides calling the API.
+announces itself and answers batches. Neither may touch JetStream, node state or
+assignments; users may send inference requests besides calling the API.
+
+Tasks: the worker identity is what an agent hands to any task that asks for it
+(`MESH_TASK_IDENTITY=worker`), so it is also the identity of a task that calls the API.
+It may call the endpoints of `TASK_API` and no other: `job.hosts`, which a
+horovod-elastic job's discovery script runs from inside task 0 (docs/training.md). A
+read, of any job's hosts in the region (NATS cannot tie a request to the job it asks
+about); nothing that submits, kills, scales or changes anything.
 """
 
 from __future__ import annotations
@@ -73,6 +80,9 @@ DISCOVERY_VERBS = ("PING", "INFO", "STATS")
 # Every region's `job.submit` (`mesh.<r>.api.job.submit`, any r): where a coordinator
 # forwards a submission whose spec names other regions. Only that endpoint.
 FORWARDED_SUBMIT = "mesh.*.api." + subjects.api("x", "job.submit").split(".api.", 1)[1]
+# The request API endpoints a task may call with the identity its agent hands it (the
+# worker identity): Horovod's host discovery (`mesh job hosts`), a read. Only these.
+TASK_API = ("job.hosts",)
 DISCOVERY_REQUESTS = tuple(
     s for verb in DISCOVERY_VERBS for s in (f"$SRV.{verb}", f"$SRV.{verb}.>")
 )
@@ -237,11 +247,13 @@ def permissions(
             subscribe=(inbox,),
         )
     if identity.kind == WORKER:
-        # One identity serves every worker an agent runs, so it may take any worker's
-        # batches: worker ids are chosen by the tasks, and NATS cannot grant a subject by
-        # prefix within a token. See docs/security.md ("inference").
+        # The identity an agent hands to its tasks (inference workers, a horovod
+        # launcher). One identity serves every worker an agent runs, so it may take any
+        # worker's batches: worker ids are chosen by the tasks, and NATS cannot grant a
+        # subject by prefix within a token. See docs/security.md ("inference").
         return Permissions(
-            publish=(infer_hello(r),),
+            # The endpoints a task may call (TASK_API), each named: never `api.>`.
+            publish=(infer_hello(r), *(subjects.api(r, e) for e in TASK_API)),
             subscribe=(infer_worker_all(r), inbox),
             allow_responses=True,  # batch results go to the router's reply inbox
         )

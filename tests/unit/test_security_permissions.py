@@ -9,7 +9,7 @@ from agent.link import FleetFeed
 from mesh import subjects
 from mesh.cli.certs import fleet_node_ids
 from mesh.security.identity import Identity, IdentityError
-from mesh.security.permissions import fleet_consumer, permissions, server_users
+from mesh.security.permissions import TASK_API, fleet_consumer, permissions, server_users
 from mesh.server import ServerConfig, ServerError, TlsFiles
 
 
@@ -235,6 +235,33 @@ def test_worker_announces_and_answers_batches_only():
     assert not allowed(p.publish, worker_subject(R, "w2"))
     assert not allowed(p.publish, hello_subject("other"))
     assert not allowed(p.subscribe, worker_subject("other", "w2"))
+
+
+def test_worker_may_call_job_hosts_and_no_other_endpoint():
+    """A task holding the worker identity (horovod's discovery script runs `mesh job
+    hosts` from task 0) may ask job.hosts of its own region, and nothing else of the
+    API: each endpoint is named, never a wildcard under `api`."""
+    from coordinator.api import ENDPOINTS
+
+    p = permissions(R, W)
+    assert TASK_API == ("job.hosts",)
+    assert allowed(p.publish, subjects.api(R, "job.hosts"))
+    assert subjects.api(R, "job.hosts") in p.publish  # literally, no wildcard
+    assert not allowed(p.publish, subjects.api("other", "job.hosts"))
+    assert not allowed(p.publish, subjects.leader_api(R, "job.hosts"))
+    others = [e for e in ENDPOINTS if e != "job.hosts"]
+    assert {"job.submit", "job.kill", "job.scale", "pool.apply"} <= set(others)
+    for endpoint in others:
+        assert not allowed(p.publish, subjects.api(R, endpoint)), endpoint
+    assert not any(".api." in s and ("*" in s or ">" in s) for s in p.publish), p.publish
+    # The reply comes to its own inbox, as every API reply does; the API's requests
+    # themselves are the coordinator's to receive.
+    assert allowed(p.subscribe, "_INBOX.worker.node-a.abc.1")
+    assert not allowed(p.subscribe, subjects.api(R, "job.hosts"))
+    # The router, which holds no task identity, gets no API at all.
+    assert not allowed(permissions(R, RT).publish, subjects.api(R, "job.hosts"))
+    users = {u.user: u for u in server_users(R, [W])}
+    assert subjects.api(R, "job.hosts") in users["CN=worker:node-a"].publish
 
 
 def test_router_takes_requests_and_sends_batches_only():
