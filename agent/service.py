@@ -51,7 +51,7 @@ from agent.training import (
     progress_loop,
     task_nats_url,
 )
-from mesh import subjects
+from mesh import subjects, tls_env
 from mesh.codec import WireError, decode, encode
 from mesh.connect import ClientTls, close_quietly, connect, describe, endpoint
 from mesh.logs import fields
@@ -288,12 +288,7 @@ class Agent:
         t = self.config.task_tls
         if t is None:
             return {} if self.config.tls is None else None
-        return {  # absolute: a task runs in its own work dir
-            "MESH_TLS_CA": os.path.abspath(t.ca),
-            "MESH_TLS_CERT": os.path.abspath(t.cert),
-            "MESH_TLS_KEY": os.path.abspath(t.key),
-            "MESH_INBOX_PREFIX": t.inbox_prefix,
-        }
+        return tls_env.to_env(t)  # MESH_TLS_CA/CERT/KEY (absolute), MESH_INBOX_PREFIX
 
     async def stop(self, kill_tasks: bool = False) -> None:
         """Stop the agent. Tasks keep running (a restarted agent re-adopts them) unless

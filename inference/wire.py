@@ -18,7 +18,9 @@ module formats them by hand:
 
 How the three processes connect (``add_connection_args``, ``ConnectionArgs``) lives here
 too, so the router, the worker and the load generator take the same flags and the same
-environment (``MESH_NATS_URL``, ``MESH_REGION``, ``MESH_TLS_*``, ``MESH_INBOX_PREFIX``).
+environment (``MESH_NATS_URL``, ``MESH_REGION``, ``MESH_TLS_*``, ``MESH_INBOX_PREFIX``;
+the TLS identity read and checked by ``mesh.tls_env``, as the ``mesh`` CLI in a task
+reads it).
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ from typing import Any
 import msgpack
 from nats.aio.client import Client
 
-from mesh import subjects
+from mesh import subjects, tls_env
 from mesh.codec import INT64, MAX_STR, WireError, decode, encode, from_wire, unpack, wf
-from mesh.connect import ClientTls, connect
+from mesh.connect import ClientTls, TlsConfigError, connect
 from mesh.schema import ErrorCode
 
 __all__ = [
@@ -336,8 +338,11 @@ class WorkerHello:
 
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
-DEFAULT_INBOX_PREFIX = "_INBOX"
-_INBOX_RE = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+DEFAULT_INBOX_PREFIX = tls_env.DEFAULT_INBOX_PREFIX
+_TLS_FLAGS = (
+    f"--tls-ca, --tls-cert and --tls-key (${tls_env.CA_VAR}, ${tls_env.CERT_VAR}, "
+    f"${tls_env.KEY_VAR})"
+)
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -378,22 +383,22 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tls-ca",
-        default=env("MESH_TLS_CA") or "",
+        default=env(tls_env.CA_VAR) or "",
         help="CA certificate that signed the server ($MESH_TLS_CA)",
     )
     p.add_argument(
         "--tls-cert",
-        default=env("MESH_TLS_CERT") or "",
+        default=env(tls_env.CERT_VAR) or "",
         help="this client's certificate ($MESH_TLS_CERT)",
     )
     p.add_argument(
         "--tls-key",
-        default=env("MESH_TLS_KEY") or "",
+        default=env(tls_env.KEY_VAR) or "",
         help="this client's private key ($MESH_TLS_KEY)",
     )
     p.add_argument(
         "--inbox-prefix",
-        default=env("MESH_INBOX_PREFIX") or DEFAULT_INBOX_PREFIX,
+        default=env(tls_env.INBOX_VAR) or DEFAULT_INBOX_PREFIX,
         help="subject prefix of every reply inbox ($MESH_INBOX_PREFIX, else %(default)s)",
     )
 
@@ -401,22 +406,18 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
 def connection_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> ConnectionArgs:
     """The parsed ``add_connection_args`` flags, checked (``p.error`` exits on a bad
     one): the three TLS files go together, the prefix is a literal subject."""
-    tls_files = (a.tls_ca, a.tls_cert, a.tls_key)
-    if any(tls_files) and not all(tls_files):
-        p.error(
-            "--tls-ca, --tls-cert and --tls-key ($MESH_TLS_CA, $MESH_TLS_CERT, "
-            "$MESH_TLS_KEY) go together: set all three or none"
-        )
-    if not _INBOX_RE.fullmatch(a.inbox_prefix):
-        p.error(
-            f"--inbox-prefix {a.inbox_prefix!r} must be a subject of letters, digits, "
-            "'_' or '-' tokens joined by '.', with no wildcard"
-        )
     try:
+        tls = tls_env.client_tls(
+            a.tls_ca,
+            a.tls_cert,
+            a.tls_key,
+            a.inbox_prefix,
+            names=_TLS_FLAGS,
+            inbox_name="--inbox-prefix",
+        )
         subjects.token(a.region, "region")
-    except subjects.SubjectError as exc:
+    except (TlsConfigError, subjects.SubjectError) as exc:
         p.error(str(exc))
-    tls = ClientTls(a.tls_ca, a.tls_cert, a.tls_key, a.inbox_prefix) if all(tls_files) else None
     return ConnectionArgs(url=a.nats, region=a.region, tls=tls, inbox_prefix=a.inbox_prefix)
 
 

@@ -61,7 +61,8 @@ logging.getLogger("asyncio").addFilter(_QuietTlsClose())
 
 
 class TlsConfigError(ValueError):
-    """A client's certificate files are missing or unreadable."""
+    """A client's TLS settings are incomplete or malformed, or its certificate files
+    missing or unreadable."""
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,17 @@ class ClientTls:
             identity.inbox_prefix,
             identity.common_name,
         )
-        for f in (tls.ca, tls.cert, tls.key):
+        return tls.require_files(
+            f"identity {identity}; `mesh certs issue` makes client certificates"
+        )
+
+    def require_files(self, hint: str) -> ClientTls:
+        """This, if its three files can be read; else `TlsConfigError` naming the first
+        that cannot, with `hint` (where the files come from)."""
+        for f in (self.ca, self.cert, self.key):
             if not os.access(f, os.R_OK):
-                raise TlsConfigError(
-                    f"{f} is missing or unreadable (identity {identity}; "
-                    f"`mesh certs issue` makes client certificates)"
-                )
-        return tls
+                raise TlsConfigError(f"{f} is missing or unreadable ({hint})")
+        return self
 
     def context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.service import default_node_id
-from mesh import subjects
+from mesh import subjects, tls_env
 from mesh.cli import infer
 from mesh.cli.certs import fleet_node_ids, site_nodes
 from mesh.cli.context import DEFAULT_USER, Context
@@ -248,10 +248,10 @@ class LocalMesh:
         logs.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.config.extra_env}
         # The flags say how to connect; a stray variable must not (the inference
-        # processes read MESH_TLS_* and MESH_INBOX_PREFIX when a flag is absent).
-        for var in ("MESH_INSECURE", "MESH_TLS_CA", "MESH_TLS_CERT", "MESH_TLS_KEY"):
+        # processes read MESH_TLS_* and MESH_INBOX_PREFIX when a flag is absent, the
+        # CLI when it has no certificate directory: mesh.tls_env).
+        for var in ("MESH_INSECURE", *tls_env.ENV_VARS):
             env.pop(var, None)
-        env.pop("MESH_INBOX_PREFIX", None)
         with open(logs / f"{name}.log", "ab") as out:
             proc = subprocess.Popen(
                 cmd,
