@@ -19,17 +19,18 @@ from mesh.client import MeshClient
 from mesh.connect import ClientTls, TlsConfigError, close_quietly, connect
 from mesh.refusals import Refused
 from mesh.schema import ApiError, ErrorCode
-from mesh.security.identity import Identity, IdentityError
+from mesh.security.identity import IdentityError
 from workloads.quantity import SpecError
 from workloads.spec import parse_job_spec
 
 
 async def client_command(args: argparse.Namespace, ctx: Context) -> int:
     try:
-        options = ctx.connect_options(Identity.user(ctx.user))
+        tls = ctx.client_tls()  # the user's; in a task without certs, the handed identity
     except (TlsConfigError, IdentityError) as exc:
         print(f"mesh: {exc} (or --insecure for a mesh without TLS)", file=sys.stderr)
         return EXIT_USAGE
+    options = {"tls": tls} if tls is not None else {}
     try:
         nc = await connect(
             ctx.url, name="mesh-cli", reconnect=False, connect_timeout=2.0, **options

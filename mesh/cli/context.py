@@ -11,6 +11,13 @@ $MESH_CERTS) and the user the CLI acts as (`--user`, $MESH_USER; default `admin`
 each component finds its own identity's files there by convention
 (see `mesh.security.identity`). `--insecure` ($MESH_INSECURE=1) ignores them.
 
+With no certificate directory at all, a client command connects with the TLS identity
+its environment hands it, if any (`MESH_TLS_CA`, `MESH_TLS_CERT`, `MESH_TLS_KEY`,
+`MESH_INBOX_PREFIX`: `mesh.tls_env`): what an agent gives a task that asks for its task
+identity, so that `mesh job hosts` works from inside a task (a horovod-elastic job's
+discovery script) on a secure mesh. A certificate directory found (flag, $MESH_CERTS
+or the context) keeps priority.
+
 A context file that cannot be read is refused, never skipped: falling back to
 localhost:4222 could send a command to whichever region happens to listen there.
 """
@@ -20,9 +27,11 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mesh import tls_env
 from mesh.connect import ClientTls
 from mesh.security.identity import Identity
 
@@ -48,10 +57,28 @@ class Context:
     region: str
     certs: str | None = None  # certificate directory; None: connect without TLS
     user: str = DEFAULT_USER
+    insecure: bool = False  # --insecure / $MESH_INSECURE: no TLS whatever is found
 
     def tls(self, identity: Identity) -> ClientTls | None:
         """The identity's TLS files on a secure mesh, None on an insecure one."""
         return ClientTls.for_identity(self.certs, identity) if self.certs else None
+
+    def client_tls(self, environ: Mapping[str, str] | None = None) -> ClientTls | None:
+        """What a client command connects with: the user's files in the certificate
+        directory; without one, the TLS identity the environment hands over (a task's:
+        `mesh.tls_env`); else none (an insecure mesh, or `--insecure`). Raises
+        `TlsConfigError` (missing files, a partial or malformed environment) or
+        `IdentityError` (a bad user name)."""
+        if self.certs:
+            return self.tls(Identity.user(self.user))
+        if self.insecure:
+            return None
+        handed = tls_env.from_env(environ)
+        if handed is None:
+            return None
+        return handed.require_files(
+            f"${tls_env.CERT_VAR} and the rest: the task identity its agent handed over"
+        )
 
     def connect_options(self, identity: Identity) -> dict:
         tls = self.tls(identity)
@@ -202,10 +229,11 @@ def load_context(
         region_flag or os.environ.get("MESH_REGION") or (saved and saved.region) or DEFAULT_REGION
     )
     certs = certs_flag or os.environ.get("MESH_CERTS") or (saved and saved.certs) or None
-    if insecure or _truthy(os.environ.get("MESH_INSECURE")):
+    insecure = insecure or _truthy(os.environ.get("MESH_INSECURE"))
+    if insecure:
         certs = None
     user = user_flag or os.environ.get("MESH_USER") or (saved and saved.user) or DEFAULT_USER
-    return Context(url, region, certs, user)
+    return Context(url, region, certs, user, insecure)
 
 
 def save_context(ctx: Context, name: str = LOCAL) -> Path:

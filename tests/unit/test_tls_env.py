@@ -7,6 +7,8 @@ import pytest
 
 from agent.service import Agent, AgentConfig
 from mesh import tls_env
+from mesh.cli.context import Context, load_context
+from mesh.cli.main import main
 from mesh.connect import ClientTls, TlsConfigError
 from mesh.security import pki
 from mesh.security.identity import Identity
@@ -122,3 +124,48 @@ def test_agent_hands_its_task_identity_through_to_env(certs, tmp_path):
     )
     assert agent.task_identity_env() == tls_env.to_env(tls)
     assert tls_env.from_env(agent.task_identity_env()) == tls
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def test_cli_without_certs_connects_as_the_handed_identity(certs):
+    handed = _handed(certs)
+    ctx = load_context(None, None)
+    assert ctx.certs is None
+    tls = ctx.client_tls(handed)
+    assert tls.cert == str(WORKER.cert_path(certs)) and tls.inbox_prefix == WORKER.inbox_prefix
+    tls.context()  # loads
+    assert ctx.client_tls({}) is None  # nothing handed: an insecure mesh
+
+
+def test_cli_certs_dir_keeps_priority(certs, monkeypatch):
+    handed = _handed(certs)
+    monkeypatch.setenv("MESH_CERTS", str(certs))
+    tls = load_context(None, None).client_tls(handed)
+    assert tls.cert.endswith("user-admin.crt") and tls.identity == "user:admin"
+    monkeypatch.delenv("MESH_CERTS")
+    tls = Context("tls://x:1", "eu", str(certs)).client_tls(handed)  # a saved context's
+    assert tls.cert.endswith("user-admin.crt")
+
+
+def test_cli_insecure_ignores_the_handed_identity(certs, monkeypatch):
+    handed = _handed(certs)
+    assert load_context(None, None, insecure=True).client_tls(handed) is None
+    monkeypatch.setenv("MESH_INSECURE", "1")
+    assert load_context(None, None).client_tls(handed) is None
+
+
+def test_cli_refuses_unreadable_handed_files(certs, tmp_path):
+    handed = {**_handed(certs), tls_env.KEY_VAR: str(tmp_path / "gone.key")}
+    with pytest.raises(TlsConfigError, match="gone.key is missing .*task identity"):
+        load_context(None, None).client_tls(handed)
+
+
+def test_cli_reports_a_bad_handed_identity_before_connecting(monkeypatch, capsys):
+    monkeypatch.setenv(tls_env.CA_VAR, "/ca.crt")  # the other two missing
+    monkeypatch.setenv("MESH_NATS_URL", "tls://127.0.0.1:1")
+    assert main(["job", "hosts", "j-1"]) == 2
+    err = capsys.readouterr().err
+    assert "$MESH_TLS_CA, $MESH_TLS_CERT and $MESH_TLS_KEY go together" in err
+    assert "cannot reach" not in err
