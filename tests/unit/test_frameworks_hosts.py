@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.executor import ExecError, ExecSpec, ProcessExecutor
 from workloads import parse_job_spec
 from workloads.frameworks import (
     ADAPTERS,
@@ -30,6 +31,7 @@ from workloads.frameworks import (
 )
 from workloads.frameworks.horovod import DISCOVER, discover_script, horovod_hosts
 from workloads.frameworks.mpi import HOLD_ARGV, HOSTFILE, host_slots, mpi_hostfile
+from workloads.model import TASK_IDENTITY_VAR, WORKER_IDENTITY
 
 
 def _spec(framework: str, workers, slots: int = 1, **group):
@@ -213,6 +215,37 @@ def test_horovod_fixed_size():
     spec = _spec("horovod-elastic", 2, slots=3)
     out = launch(spec, spec.tasks[0], _ctx(_peers("a", "b"), 0))
     assert out.argv[:7] == ("horovodrun", "-np", "6", "--min-np", "6", "--max-np", "6")
+
+
+def test_horovod_launcher_alone_asks_for_the_task_identity():
+    """Task 0 runs the discovery script, which calls job.hosts: on a secure mesh it needs
+    the identity its agent holds for tasks. The slot holders call nothing and get none."""
+    spec = _spec("horovod-elastic", {"min": 1, "max": 3}, env={TASK_IDENTITY_VAR: "agent"})
+    peers = _peers("10.0.0.1", "10.0.0.2")
+    launcher = dict(launch(spec, spec.tasks[0], _ctx(peers, 0)).env)
+    assert launcher[TASK_IDENTITY_VAR] == WORKER_IDENTITY  # the framework's wins
+    holder = dict(launch(spec, spec.tasks[0], _ctx(peers, 1)).env)
+    assert holder[TASK_IDENTITY_VAR] == "agent"  # the group's own, untouched
+    plain = _spec("horovod-elastic", 2)
+    assert TASK_IDENTITY_VAR not in dict(launch(plain, plain.tasks[0], _ctx(peers, 1)).env)
+    mpi = _spec("mpi", 2)  # mpirun calls no API
+    assert TASK_IDENTITY_VAR not in dict(launch(mpi, mpi.tasks[0], _ctx(peers, 0)).env)
+
+
+def test_horovod_launcher_gets_the_identity_or_a_clear_refusal(tmp_path):
+    """What the agent's executor does with the launcher's env: hands the task identity's
+    files over, or, on a secure mesh without one, refuses to start it, saying why."""
+    spec = _spec("horovod-elastic", 2)
+    env = launch(spec, spec.tasks[0], _ctx(_peers("a", "b"), 0)).env
+    run = ExecSpec("j#0", ("true",), env)
+    handed = {"MESH_TLS_CA": "/i/ca.crt", "MESH_TLS_CERT": "/i/w.crt", "MESH_TLS_KEY": "/i/w.key"}
+    with_identity = ProcessExecutor(tmp_path / "a", limits="none", task_identity=handed)
+    assert with_identity._environment(run).items() >= handed.items()
+    without = ProcessExecutor(tmp_path / "b", limits="none", task_identity=None)
+    with pytest.raises(ExecError, match="asks for the worker identity.*--task-identity DIR"):
+        without._environment(run)
+    insecure = ProcessExecutor(tmp_path / "c", limits="none", task_identity={})
+    assert "MESH_TLS_CERT" not in insecure._environment(run)
 
 
 @pytest.mark.parametrize("job_id", ["j-42", "odd job 'id'; rm -rf /"])

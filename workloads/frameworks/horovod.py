@@ -7,6 +7,12 @@ lines as :func:`horovod_hosts`), so the scheduler's resizes are what Horovod fol
 As with mpi, the other tasks only hold their slots (horovodrun starts their ranks) and
 task 0, the launcher, is the job's rendezvous and primary task. The hostfile is also
 written (the placement when task 0 started) for a program that wants it.
+
+On a secure mesh the script's `mesh` needs an identity: task 0 asks its agent for the
+task identity (``MESH_TASK_IDENTITY=worker``), whose files the agent hands over in
+``MESH_TLS_*`` (``mesh.tls_env``) and whose permissions allow ``job.hosts`` and no
+other API call. An agent without one refuses to start task 0, saying so. The tasks that
+only hold their slots ask for nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Iterable
 
 from workloads.frameworks import FILES_PREFIX, Launch, Peer, TaskContext
 from workloads.frameworks.mpi import HOLD_ARGV, HOSTFILE, host_slots, task_env
+from workloads.model import TASK_IDENTITY_VAR, WORKER_IDENTITY
 from workloads.spec import JobSpec, TaskGroup
 
 __all__ = [
@@ -38,7 +45,8 @@ def horovod_hosts(peers: Iterable[Peer], slots: int) -> str:
 
 def discover_script(job_id: str) -> str:
     """The discovery script (POSIX sh). $MESH_CLI names another `mesh` (a test's, a venv's);
-    the CLI finds the mesh from the task's environment ($MESH_NATS_URL and the rest)."""
+    the CLI finds the mesh from the task's environment ($MESH_NATS_URL, $MESH_REGION, and
+    on a secure mesh the task identity's $MESH_TLS_* and $MESH_INBOX_PREFIX)."""
     return (
         "#!/bin/sh\n"
         "# Horovod's host discovery: the job's placed workers, host:slots, as Mesh sees them.\n"
@@ -53,9 +61,13 @@ def horovod_elastic(spec: JobSpec, group: TaskGroup, ctx: TaskContext) -> Launch
         (DISCOVER, discover_script(ctx.job_id)),
         (HOSTFILE, horovod_hosts(workers, slots)),
     )
-    env = task_env(group, ctx, {"MESH_HOSTFILE": FILES_PREFIX + HOSTFILE})
     if ctx.index != 0:
+        env = task_env(group, ctx, {"MESH_HOSTFILE": FILES_PREFIX + HOSTFILE})
         return Launch(HOLD_ARGV, env, files)
+    # The launcher runs the discovery script, which calls the API: it asks for the
+    # task identity (the agent hands its files over; job.hosts is all it may call).
+    extra = {"MESH_HOSTFILE": FILES_PREFIX + HOSTFILE, TASK_IDENTITY_VAR: WORKER_IDENTITY}
+    env = task_env(group, ctx, extra)
     low = spec.workers_min if spec.workers_min is not None else group.count
     high = spec.workers_max if spec.workers_max is not None else group.count
     argv = (
