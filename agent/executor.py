@@ -83,8 +83,9 @@ _SAME_START_S = 1e-3  # create_time of one process never differs by more between
 _CREATE_TIME_SLACK_S = 1.0
 _STREAMS = ("stdout", "stderr")
 _MAX_REASON = 1024
-# A task that needs the agent's task identity (an inference worker connecting to NATS)
-# says so in its env, MESH_TASK_IDENTITY=worker, as workloads.model's jobs do.
+# A task that needs the agent's task identity (an inference worker connecting to NATS, a
+# horovod launcher's `mesh job hosts`) says so in its env, MESH_TASK_IDENTITY=worker, as
+# workloads.model's jobs and the horovod-elastic adapter's task 0 do.
 TASK_IDENTITIES = (WORKER_IDENTITY,)
 _Marker = Literal["kill", "timeout"]
 

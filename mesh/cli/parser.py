@@ -203,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--task-identity",
         metavar="DIR",
         help="where the worker identity's files are (DIR/ca.crt, DIR/worker-NAME.crt and "
-        ".key): handed to tasks that ask for it (inference workers), never the agent's own",
+        ".key): handed to tasks that ask for it (inference workers, a horovod launcher), "
+        "never the agent's own",
     )
     ag.add_argument(
         "--task-identity-name",

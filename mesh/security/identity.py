@@ -21,7 +21,8 @@ names hosts too (`mesh certs issue --site S --host NAME`).
 
 A `worker` identity is not a process's own: an agent holds one (`mesh agent
 --task-identity DIR`, named after its node by default) and hands its files to the tasks
-that ask for it (inference workers), never its own `agent:NODE` key.
+that ask for it (inference workers, a horovod-elastic job's launcher, which may call
+`job.hosts`), never its own `agent:NODE` key.
 
 Each identity receives replies only on its own inbox prefix: with the default shared
 `_INBOX.>` any client could subscribe to every reply, including the assignments the
