@@ -36,6 +36,7 @@ __all__ = [
     "ENV_VARS",
     "INBOX_VAR",
     "KEY_VAR",
+    "TLS_VARS",
     "check_inbox_prefix",
     "client_tls",
     "from_env",
