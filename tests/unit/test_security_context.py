@@ -16,17 +16,7 @@ from mesh.security.identity import Identity
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("MESH_HOME", str(tmp_path / "home"))
-    for var in (
-        "MESH_NATS_URL",
-        "MESH_REGION",
-        "MESH_CERTS",
-        "MESH_USER",
-        "MESH_INSECURE",
-        "MESH_CONTEXT",
-    ):
-        monkeypatch.delenv(var, raising=False)
+def home(tmp_path, bare_client_env):
     return tmp_path
 
 

@@ -17,19 +17,10 @@ WORKER = Identity.worker("n1")
 
 
 @pytest.fixture(autouse=True)
-def clean(tmp_path, monkeypatch):
-    monkeypatch.setenv("MESH_HOME", str(tmp_path / "home"))
-    for var in (
-        *tls_env.ENV_VARS,
-        "MESH_NATS_URL",
-        "MESH_REGION",
-        "MESH_CERTS",
-        "MESH_USER",
-        "MESH_INSECURE",
-        "MESH_CONTEXT",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    return monkeypatch
+def clean(bare_client_env):
+    for var in tls_env.ENV_VARS:
+        bare_client_env.delenv(var, raising=False)
+    return bare_client_env
 
 
 @pytest.fixture(scope="module")
