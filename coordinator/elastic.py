@@ -7,8 +7,9 @@ stopped, highest index first (shrink). Each resize waits `resize_every_s` after 
 job's last membership change: a framework restarts its workers' rendezvous on every
 change, and resizing faster than it settles only restarts it again. Task 0 hosts the
 rendezvous (torchrun's c10d store, the MPI launcher): it is never stopped by a resize.
-The watchdog requeues a job whose progress stopped after a membership change (a
-rendezvous that never completed), so a stuck job is placed afresh, not held forever.
+The watchdog requeues a job whose progress stopped within `progress_timeout_s` of a
+membership change (a rendezvous that never completed), so a stuck job is placed afresh,
+not held forever.
 """
 
 from __future__ import annotations
@@ -110,15 +111,24 @@ def stops(f: Facts) -> tuple[int, ...]:
 
 def stalled(f: Facts, timeout_s: float) -> str | None:
     """The watchdog: a job that has reported progress, whose progress has not moved in
-    `timeout_s` since its last membership change, is requeued (all its tasks stopped and
-    placed again). Why, or None."""
+    `timeout_s`, and last moved less than `timeout_s` after its last membership change
+    (it never showed it got past the change), is requeued (all its tasks stopped and
+    placed again). Why, or None.
+
+    Progress that moved after the change is not enough: the steps a job's workers make
+    until they notice a change (a launcher polling its hosts, torchrun's agents) reach
+    the log after it, and so do those the agent reports late (it reads the progress file
+    every second and reports at most every 2 s), so a job hung at the change still shows
+    progress after it. It must keep moving, no gap of `timeout_s`, for `timeout_s` past
+    the change."""
     if f.progress_at is None or f.changed_at is None or f.stopping:
         return None
     if not any(s == TaskState.RUNNING for s in f.tasks.values()):
         return None
-    if f.progress_at >= f.changed_at or f.now < f.changed_at + timeout_s:
+    last = max(f.progress_at, f.changed_at)
+    if f.progress_at >= f.changed_at + timeout_s or f.now < last + timeout_s:
         return None
     return (
-        f"{WATCHDOG}: no progress in {f.now - f.changed_at:.0f}s since its "
-        f"last membership change (progress_timeout_s {timeout_s:g})"
+        f"{WATCHDOG}: no progress in {f.now - last:.0f}s (its last membership change "
+        f"{f.now - f.changed_at:.0f}s ago; progress_timeout_s {timeout_s:g})"
     )

@@ -4,6 +4,8 @@ at most one resize per resize_every_s)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -74,8 +76,10 @@ def test_shrink_is_rate_limited_and_one_at_a_time():
 def test_watchdog_requeues_only_a_job_that_reported_progress_and_stalled_after_a_change():
     running = [S.RUNNING] * 2
     assert stalled(facts(running, changed_at=0.0, now=500.0), 120.0) is None  # never reported
-    moved = facts(running, changed_at=10.0, now=500.0, progress_at=20.0)
-    assert stalled(moved, 120.0) is None  # progress moved after the change
+    past = facts(running, changed_at=10.0, now=500.0, progress_at=130.0)
+    assert stalled(past, 120.0) is None  # progress moved timeout_s past the change
+    moving = facts(running, changed_at=10.0, now=139.0, progress_at=20.0)
+    assert stalled(moving, 120.0) is None  # it moved within timeout_s: not yet
     young = facts(running, changed_at=10.0, now=100.0, progress_at=5.0)
     assert stalled(young, 120.0) is None  # not yet timeout_s after the change
     why = stalled(facts(running, changed_at=10.0, now=200.0, progress_at=5.0), 120.0)
@@ -84,6 +88,23 @@ def test_watchdog_requeues_only_a_job_that_reported_progress_and_stalled_after_a
     assert stalled(placed, 120.0) is None  # none running: nothing could report
     being_stopped = facts(running, changed_at=10.0, now=200.0, progress_at=5.0, stopping={1})
     assert stalled(being_stopped, 120.0) is None
+
+
+def test_watchdog_requeues_a_job_whose_progress_moved_after_the_change_then_stopped():
+    """The steps made until the workers noticed the change, reported after it (the
+    agent's 1-3 s lag), are no sign the job got past it: found end to end
+    (tests/integration/test_training_watchdog.py), where such a job was never requeued."""
+    running = [S.RUNNING] * 3
+    late = facts(running, changed_at=10.0, now=131.0, progress_at=12.0)
+    assert stalled(late, 120.0) is None  # 119 s without progress
+    why = stalled(facts(running, changed_at=10.0, now=132.0, progress_at=12.0), 120.0)
+    assert why == (
+        "requeued by the watchdog: no progress in 120s (its last membership change "
+        "122s ago; progress_timeout_s 120)"
+    )
+    # Once progress moves timeout_s past the change, the job got past it: left alone.
+    assert stalled(facts(running, changed_at=10.0, now=900.0, progress_at=130.0), 120.0) is None
+    assert stalled(facts(running, changed_at=10.0, now=900.0, progress_at=129.0), 120.0)
 
 
 # ------------------------------------------------------------ properties
@@ -148,6 +169,39 @@ def test_stops_never_take_task_0_nor_go_below_min_and_are_rate_limited(f):
         # The highest holding candidates: none left behind is above one taken.
         left = [i for i in holding if i not in out and i >= f.target and i != 0]
         assert not left or max(left) < min(out)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    changed=st.floats(0, 100),
+    timeout=st.sampled_from([1.0, 5.0, 120.0]),
+    gaps=st.lists(st.floats(0.01, 1.0), min_size=1, max_size=30),
+    stop_after=st.floats(0, 3.0),
+)
+def test_the_watchdog_spares_a_job_that_keeps_moving_and_requeues_one_that_stops(
+    changed, timeout, gaps, stop_after
+):
+    """Progress moving after the change with every gap under timeout_s: never requeued,
+    at any moment. Progress that stops at s, less than timeout_s after the change:
+    requeued from max(s, change) + timeout_s on, not a moment sooner."""
+    running = [S.RUNNING] * 2
+    at, moved = changed, None
+    for gap in gaps:  # each gap a fraction of timeout_s
+        for now in (at + gap * timeout * 0.5, at + gap * timeout * 0.99):
+            f = facts(running, changed_at=changed, now=now, progress_at=moved)
+            assert stalled(f, timeout) is None
+        at += gap * timeout * 0.99
+        moved = at
+    stop = changed + stop_after * timeout
+    kind = facts(running, changed_at=changed, progress_at=stop, now=0.0)
+    if stop >= changed + timeout:
+        for k in (1.0, 2.0, 10.0):
+            assert stalled(dataclasses.replace(kind, now=stop + k * timeout), timeout) is None
+        return
+    due = max(stop, changed) + timeout
+    assert stalled(dataclasses.replace(kind, now=due), timeout) is not None
+    assert stalled(dataclasses.replace(kind, now=due + timeout), timeout) is not None
+    assert stalled(dataclasses.replace(kind, now=due - timeout * 0.01), timeout) is None
 
 
 @settings(max_examples=150, deadline=None)

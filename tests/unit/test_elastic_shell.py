@@ -265,19 +265,42 @@ def test_the_watchdog_requeues_a_job_stalled_after_a_membership_change():
         log.update(i, S.RUNNING, ts=101.0, progress=5)
     changed = log.job.changed_at
     assert reconcile(log.state, nodes, changed + 59.0, CONFIG).events == []
-    d = reconcile(log.state, nodes, changed + 61.0, CONFIG)
-    assert d.events == []  # progress moved after the change (at 101)
+    log.update(0, S.RUNNING, ts=changed + 40.0, progress=6)
+    log.update(0, S.RUNNING, ts=changed + 70.0, progress=7)
+    d = reconcile(log.state, nodes, changed + 140.0, CONFIG)
+    assert d.events == []  # progress kept moving past progress_timeout_s after the change
     log.append(  # a change: task 1 lost and placed again, then no progress
-        TaskUpdated("j", log.tid(1), 1, S.LOST, "n2", 150.0),
+        TaskUpdated("j", log.tid(1), 1, S.LOST, "n2", 250.0),
     )
-    log.step(nodes, 151.0)  # back to PENDING
-    log.step(nodes, 152.0)  # placed again: holding < min is restored at once
+    log.step(nodes, 251.0)  # back to PENDING
+    log.step(nodes, 252.0)  # placed again: holding < min is restored at once
     assert log.holding() == [0, 1]
-    log.update(1, S.RUNNING, ts=153.0)
+    log.update(1, S.RUNNING, ts=253.0)
     d = reconcile(log.state, nodes, log.job.changed_at + 61.0, CONFIG)
     requeue = [e for e in d.events if isinstance(e, TaskPreemptRequested)]
     assert sorted(e.task_id for e in requeue) == [log.tid(0), log.tid(1)]
     assert "watchdog" in requeue[0].reason
+
+
+def test_the_watchdog_requeues_a_job_whose_late_reports_came_after_the_change():
+    """Steps reported just after a change (made before the workers noticed it, or read
+    late by the agent), then nothing: requeued progress_timeout_s after the last one."""
+    log = Log()
+    log.submit(spec=elastic_spec(2, 3))
+    nodes = _nodes(2)
+    log.step(nodes, 100.0)
+    for i in (0, 1):
+        log.update(i, S.RUNNING, ts=101.0, progress=5)
+    changed = log.job.changed_at
+    log.update(0, S.RUNNING, ts=changed + 2.0, progress=9)  # the late report
+    assert reconcile(log.state, nodes, changed + 61.0, CONFIG).events == []
+    d = reconcile(log.state, nodes, changed + 62.0, CONFIG)
+    requeue = [e for e in d.events if isinstance(e, TaskPreemptRequested)]
+    assert [e.task_id for e in requeue] == [log.tid(1), log.tid(0)]
+    assert requeue[0].reason == (
+        "requeued by the watchdog: no progress in 60s (its last membership change 62s "
+        "ago; progress_timeout_s 60)"
+    )
 
 
 def test_admission_of_a_grow_counts_only_the_offered_tasks_and_stays_in_entitlement():
