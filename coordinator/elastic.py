@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from coordinator.state import HOLDING, JobRecord
+from coordinator.state import HOLDING, WATCHDOG, JobRecord
 from workloads.lifecycle import TaskState
 
-WATCHDOG = "requeued by the watchdog"  # how the watchdog's requeue reasons begin
+__all__ = ["WATCHDOG", "Facts", "Offer", "facts", "offer", "stalled", "stops"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -503,7 +503,9 @@ def _stale_on(state: RegionState, view: NodeView) -> list[Kill]:
 def resize_events(state: RegionState, now: float, config: PlacementConfig) -> list[LogEvent]:
     """Elastic jobs (coordinator/elastic.py): the tasks a shrink to the target stops,
     and the requeue of a job the watchdog found stalled. Both go back to PENDING
-    through preemption (TaskPreemptRequested: the attempt is stopped and requeued)."""
+    through preemption (TaskPreemptRequested: the attempt is stopped and requeued). A
+    requeue counts against the job's max_restarts (state.WATCHDOG): a job found stalled
+    with none left is killed, its reason saying why."""
     out: list[LogEvent] = []
     for job_id in sorted(state.elastic):
         job = state.jobs[job_id]
@@ -512,6 +514,12 @@ def resize_events(state: RegionState, now: float, config: PlacementConfig) -> li
         f = elastic.facts(job, now, config.resize_every_s)
         by_index = {t.index: t for t in job.tasks.values()}
         why = elastic.stalled(f, config.progress_timeout_s)
+        if why is not None and job.failures >= job.spec.max_restarts:
+            # Requeued as often as it may restart, and hung again: it ends, not cycles.
+            spent = f"restarts {job.failures} of {job.spec.max_restarts} used"
+            stuck = why.replace(elastic.WATCHDOG, "stalled", 1)
+            out.append(JobKillRequested(job_id, now, f"{stuck}; {spent}: the job ends"))
+            continue
         if why is not None:
             victims = [t for t in by_index.values() if t.state in HOLDING]
         else:

@@ -58,6 +58,9 @@ HOLDING = frozenset({TaskState.PLACED, TaskState.STARTING, TaskState.RUNNING})
 # Attempts that ended but whose task may go on (retry, reschedule, requeue): the leader
 # looks at these each round, so the fold keeps them in a set rather than a scan.
 UNSETTLED = frozenset({TaskState.FAILED, TaskState.LOST, TaskState.PREEMPTED})
+# How the elastic watchdog's requeue reasons begin (coordinator/elastic.py): the fold
+# counts each requeue against the job's restart budget.
+WATCHDOG = "requeued by the watchdog"
 HISTORY_LIMIT = 64
 # A service replica that ran this long before it ended restarts after the first backoff
 # again; one that ended sooner waits twice as long as the last time (up to max_backoff).
@@ -169,12 +172,14 @@ class JobRecord:
     # workers_max, until a JobScaled moves it); for any training job, its membership
     # changes after the first placement (`generation` moves with each, first included),
     # when the last was, when a task's progress last moved, and its tasks' failures
-    # summed (the job-wide budget, spec.max_restarts).
+    # summed with the watchdog's requeues (the job-wide budget, spec.max_restarts;
+    # `requeued_at`: the last requeue's time, one requeue being one event per task).
     target: int = 0
     resizes: int = 0
     changed_at: float | None = None
     progress_at: float | None = None
     failures: int = 0
+    requeued_at: float | None = None
 
     @property
     def is_training(self) -> bool:
@@ -472,6 +477,10 @@ class RegionState:
             if task is not None and task.attempt == ev.attempt and task.state in HOLDING:
                 task.preempt_reason = ev.reason
                 self.preempting.add(task.task_id)
+                job = self.jobs[task.job_id]
+                if ev.reason.startswith(WATCHDOG) and job.requeued_at != ev.ts:
+                    job.requeued_at = ev.ts  # a hung job: a restart, as a failure is
+                    job.failures += 1
             else:
                 self.ignored += 1
         elif isinstance(ev, JobUpdated):

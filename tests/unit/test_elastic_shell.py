@@ -13,6 +13,7 @@ from coordinator.scheduling import PlacementConfig, gang_request
 from coordinator.state import HOLDING, RegionState
 from coordinator.views import job_detail
 from mesh.schema import (
+    JobKillRequested,
     JobScaled,
     JobSubmitted,
     LeaderElected,
@@ -301,6 +302,60 @@ def test_the_watchdog_requeues_a_job_whose_late_reports_came_after_the_change():
         "requeued by the watchdog: no progress in 60s (its last membership change 62s "
         "ago; progress_timeout_s 60)"
     )
+
+
+def _stall_and_requeue(log, nodes):
+    """Tasks 0 and 1 report progress 1 s after the job's last membership change, then
+    nothing: the watchdog's round, the requeue applied, both PREEMPTED and placed again.
+    Returns the watchdog's events."""
+    ts = log.job.changed_at + 1.0
+    for i in (0, 1):
+        log.update(i, S.RUNNING, ts=ts, progress=int(ts))
+    d = log.step(nodes, ts + 61.0)
+    if any(isinstance(e, JobKillRequested) for e in d.events):
+        return d.events
+    for i in (1, 0):
+        log.update(i, S.PREEMPTED, ts=ts + 62.0)
+    log.step(nodes, ts + 62.0)  # back to PENDING
+    log.step(nodes, ts + 63.0)  # placed again, a gang of min
+    assert log.holding() == [0, 1]
+    return d.events
+
+
+def test_each_watchdog_requeue_spends_a_restart_and_a_job_hung_past_them_is_killed():
+    log = Log()
+    log.submit(spec=elastic_spec(2, 3, restarts=2))
+    nodes = _nodes(2)
+    log.step(nodes, 100.0)
+    for n in (1, 2):
+        events = _stall_and_requeue(log, nodes)
+        requeue = [e for e in events if isinstance(e, TaskPreemptRequested)]
+        assert len(requeue) == 2 and requeue[0].reason.startswith("requeued by the watchdog")
+        # One requeue is one restart, however many tasks it stopped; a replay agrees.
+        assert log.job.failures == n
+        assert job_detail(log.job, None)["training"]["restarts"] == n
+    events = _stall_and_requeue(log, nodes)
+    assert not any(isinstance(e, TaskPreemptRequested) for e in events)
+    (kill,) = events
+    assert isinstance(kill, JobKillRequested) and kill.job_id == "j"
+    assert kill.reason == (
+        "stalled: no progress in 61s (its last membership change 62s ago; "
+        "progress_timeout_s 60); restarts 2 of 2 used: the job ends"
+    )
+    assert log.job.kill_requested and log.job.kill_reason == kill.reason
+    assert {k.task_id for k in reconcile(log.state, nodes, kill.ts + 1.0, CONFIG).kills} == {
+        log.tid(0),
+        log.tid(1),
+    }
+
+
+def test_a_job_with_no_restarts_is_killed_at_its_first_stall():
+    log = Log()
+    log.submit(spec=elastic_spec(2, 3, restarts=0))
+    nodes = _nodes(2)
+    log.step(nodes, 100.0)
+    (kill,) = _stall_and_requeue(log, nodes)
+    assert isinstance(kill, JobKillRequested) and "restarts 0 of 0 used" in kill.reason
 
 
 def test_admission_of_a_grow_counts_only_the_offered_tasks_and_stays_in_entitlement():
