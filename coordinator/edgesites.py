@@ -58,7 +58,8 @@ class SiteTracker:
     async def answer(self, msg) -> None:
         """The leader answers a beat (a request) with a few bytes: the site link's proof
         that the region is reachable, so an idle link needs no other probe. Followers
-        hear beats and stay silent (one answer per beat)."""
+        hear beats and stay silent (one answer per beat). A heartbeat the site link
+        relays is a request too, answered alike: the link's proof that it arrived."""
         if msg.reply:
             try:
                 await msg.respond(b"1")

@@ -285,6 +285,8 @@ class Coordinator:
             self._say_bar(st)
             if self.leader is not None:
                 self.leader.wake()
+        if msg.reply and self.leader is not None:
+            await self.sites.answer(msg)  # a site link's relay (edge.uplink): heard
 
     async def _on_beat(self, msg) -> None:
         wake = self.sites.on_beat(msg.subject, msg.data)

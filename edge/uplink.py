@@ -119,6 +119,7 @@ class SiteLink:
         self._state_sub = None
         self._heard: dict[str, float] = {}
         self._relayed: dict[str, tuple[float, bytes]] = {}  # node: (when, what the region acts on)
+        self._relaying: dict[str, asyncio.Task[None]] = {}  # node: its relay awaiting the answer
         self.relays = 0  # heartbeats relayed to the region
         self._last_answer: float | None = None  # monotonic time the hub last answered
         self._reachable = False
@@ -152,9 +153,10 @@ class SiteLink:
         log.info("site link %s -> region %s from cursor %d", self.site, self.region, self.cursor)
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        for t in [*self._tasks, *self._relaying.values()]:
             await cancel_and_wait(t)
         self._tasks = []
+        self._relaying.clear()
         await self._drop_reader()
         if self._state_sub is not None:
             with contextlib.suppress(Exception):
@@ -313,12 +315,31 @@ class SiteLink:
         now = time.monotonic()
         self._heard[node] = now
         what = acted_on(state)
-        if not relay_due(self._relayed.get(node), what, now, self.relay_every_s):
+        if node in self._relaying or not relay_due(
+            self._relayed.get(node), what, now, self.relay_every_s
+        ):
             return
-        with contextlib.suppress(Exception):  # lost while the leaf is away, as beats are
-            await self.nc.publish(subjects.state(self.region, node), msg.data)
-            self._relayed[node] = (now, what)
-            self.relays += 1
+        task = asyncio.create_task(self._relay(node, msg.data, what, now))
+        self._relaying[node] = task
+        task.add_done_callback(lambda _: self._relaying.pop(node, None))
+
+    async def _relay(self, node: str, data: bytes, what: bytes, now: float) -> None:
+        """A relayed heartbeat is a request the region's leader answers, and counts as
+        relayed only once answered: a core publish into a link that has just gone (the
+        leaf not yet aware, or a cut shorter than `reachable_s`) was lost without a
+        trace, and an unchanged node then waited `relay_every_s` for its next one (the
+        region never saw the task it had just started, nor so its stale copy). Not
+        answered: the node's next heartbeat is relayed."""
+        try:
+            subject = subjects.state(self.region, node)
+            await self.nc.request(subject, data, timeout=self.beat_timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            return
+        self._relayed[node] = (now, what)
+        self.relays += 1
+        self._heard_hub()
 
     def beat(self) -> SiteBeat:
         now = time.monotonic()

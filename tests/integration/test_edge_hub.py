@@ -94,9 +94,9 @@ async def test_past_a_short_autonomy_the_task_runs_elsewhere_and_the_duplicate_i
         site.proxy.restore()
         await eventually(lambda: _is(c, "s1", "connected"), timeout=10)
         # The stale copy is found from the node's heartbeat listing it, which the site link
-        # relays on a change or every 30 s (`relay_every_s`): seen in runs where a relayed
-        # change did not reach the region, so up to that bound (not root-caused yet).
-        await eventually(lambda: not site.fleet.nodes[node].running, timeout=40)
+        # relays (a request the leader answers) on a change; one relayed into the cut is
+        # relayed again (test_a_heartbeat_relayed_into_a_short_cut_...).
+        await eventually(lambda: not site.fleet.nodes[node].running, timeout=15)
         detail = await c.job(job)
         (t,) = detail["task_list"]
         assert (t["state"], t["attempt"], t["node_id"]) == ("RUNNING", 2, "dc-0000")
@@ -211,5 +211,47 @@ async def test_a_new_leader_keeps_the_sites_status_and_autonomy_clock(tmp_path):
         moved = await running_on(c, job, "dc-0000", attempt=2)
         # From the log's last_heard: 8 s after the last beat, not 8 s after c2 took over.
         assert 8.0 - SLACK <= lost_at(moved) - site.last_beat < 8.0 + 2.0
+    finally:
+        await site.close()
+
+
+async def test_a_heartbeat_relayed_into_a_short_cut_reaches_the_region_once_it_is_back(
+    tmp_path,
+):
+    """A node's heartbeat that changed (its task ended) while the link was cut for less
+    than the link takes to call the region unreachable: a relay published into the cut
+    was lost without a trace, and the node, unchanged since, waited the 30 s relay
+    interval to be seen again (the region kept it running a task it had ended, and
+    found a stale copy 25 s late). A relay counts once the region answered it."""
+    site = Site(tmp_path, coordinator=FAST, fleet=HEARTBEATS)
+    try:
+        await site.start(nodes=1)
+        c, node = site.region.client, "s1n-0000"
+        view = site.region.coordinators[0].cluster.nodes
+        job = await c.submit(
+            {
+                "name": "short",
+                "tasks": [
+                    {
+                        "role": "w",
+                        "resources": {"cpu": "1", "memory": "1Gi"},
+                        "simulate": {"duration": "1.5s"},
+                    }
+                ],
+            }
+        )
+        await running_on(c, job, node)
+        await eventually(lambda: view[node].state.tasks, timeout=5)  # heard running it
+        site.proxy.cut()
+        cut_at = time.monotonic()
+        await eventually(lambda: not site.fleet.nodes[node].running, timeout=5)
+        await asyncio.sleep(0.5)  # a few heartbeats relayed into the cut
+        assert view[node].state.tasks  # the region has not heard it ended
+        assert time.monotonic() - cut_at < site.link.reachable_s  # a cut the link missed
+        site.proxy.restore()
+        back_at = time.monotonic()
+        await eventually(lambda: not view[node].state.tasks, timeout=5)
+        assert time.monotonic() - back_at < 5 < site.link.relay_every_s
+        assert (await c.wait(job, timeout=10))["state"] == "SUCCEEDED"
     finally:
         await site.close()
