@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from coordinator.state import HOLDING, WATCHDOG, JobRecord
 from workloads.lifecycle import TaskState
 
-__all__ = ["WATCHDOG", "Facts", "Offer", "facts", "offer", "stalled", "stops"]
+__all__ = ["WATCHDOG", "Facts", "Offer", "facts", "hung", "offer", "stalled", "stops"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,3 +132,13 @@ def stalled(f: Facts, timeout_s: float) -> str | None:
         f"{WATCHDOG}: no progress in {f.now - last:.0f}s (its last membership change "
         f"{f.now - f.changed_at:.0f}s ago; progress_timeout_s {timeout_s:g})"
     )
+
+
+def hung(stalled_why: str | None, restarts_used: int, max_restarts: int) -> str | None:
+    """A stalled job (`stalled_why`, what `stalled` said) with no restart left ends
+    instead of being requeued again (each requeue spends one, as a failure does): why it
+    ends, or None."""
+    if stalled_why is None or restarts_used < max_restarts:
+        return None
+    detail = stalled_why.split(": ", 1)[1]
+    return f"stalled: {detail}; restarts {restarts_used} of {max_restarts} used: the job ends"

@@ -514,11 +514,9 @@ def resize_events(state: RegionState, now: float, config: PlacementConfig) -> li
         f = elastic.facts(job, now, config.resize_every_s)
         by_index = {t.index: t for t in job.tasks.values()}
         why = elastic.stalled(f, config.progress_timeout_s)
-        if why is not None and job.failures >= job.spec.max_restarts:
-            # Requeued as often as it may restart, and hung again: it ends, not cycles.
-            spent = f"restarts {job.failures} of {job.spec.max_restarts} used"
-            stuck = why.replace(elastic.WATCHDOG, "stalled", 1)
-            out.append(JobKillRequested(job_id, now, f"{stuck}; {spent}: the job ends"))
+        ends = elastic.hung(why, job.failures, job.spec.max_restarts)
+        if ends is not None:
+            out.append(JobKillRequested(job_id, now, ends))
             continue
         if why is not None:
             victims = [t for t in by_index.values() if t.state in HOLDING]

@@ -9,7 +9,7 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.elastic import Facts, offer, stalled, stops
+from coordinator.elastic import Facts, hung, offer, stalled, stops
 from coordinator.state import HOLDING
 from workloads.lifecycle import TaskState
 
@@ -256,3 +256,10 @@ def test_a_simulated_job_stays_in_bounds_keeps_task_0_and_resizes_at_most_every_
             assert len(holding) >= lo
             assert 0 in holding
     assert all(b - a >= every for a, b in zip(resizes, resizes[1:], strict=False))
+
+
+def test_hung_ends_a_stalled_job_only_once_its_restarts_are_spent():
+    why = "requeued by the watchdog: no progress in 61s (x)"
+    assert hung(None, 5, 3) is None  # not stalled
+    assert hung(why, 2, 3) is None  # a restart left: requeued
+    assert hung(why, 3, 3) == "stalled: no progress in 61s (x); restarts 3 of 3 used: the job ends"
