@@ -424,6 +424,7 @@ def _judge(log, acked: dict, outcome: dict, leader_kills: list[float], actions: 
     intervals: dict[str, list[tuple[int, str, float, float]]] = defaultdict(list)
     elected: list[tuple[float, str, int]] = []
     ended: dict[tuple[str, int], dict[str, float]] = {}  # (task, attempt) -> node -> start
+    end_ts: dict[tuple[str, int], float] = {}  # (task, attempt) -> its end
     redelivered = 0
     stale_entries = 0
     for _, e in log:
@@ -443,8 +444,14 @@ def _judge(log, acked: dict, outcome: dict, leader_kills: list[float], actions: 
                         # really ran again would report a new start time.
                         redelivered += 1
                         continue
+                    if key[:2] in end_ts and ev.node_id not in ended.get(key[:2], {}):
+                        # A late start (reconcile.is_late_start): logged after its end.
+                        ended.setdefault(key[:2], {})[ev.node_id] = ev.ts
+                        intervals[ev.task_id].append((key[1], ev.node_id, ev.ts, end_ts[key[:2]]))
+                        continue
                     start.setdefault(key, ev.ts)
                 elif str(ev.state) in ENDS:
+                    end_ts.setdefault((ev.task_id, ev.attempt), ev.ts)
                     for k in [k for k in start if k[:2] == (ev.task_id, ev.attempt)]:
                         t0 = start.pop(k)
                         ended.setdefault(k[:2], {})[k[2]] = t0

@@ -481,6 +481,9 @@ class Leader:
             c.cluster.events_checked_at(check, last, info.ack_floor.stream_seq)
 
     async def _handle_events(self, msgs) -> None:
+        # In the stream's order, which is each node's: a fetch hands a message this
+        # consumer delivered before (to a leader that died, or naked) after newer ones.
+        msgs = sorted(msgs, key=lambda m: m.metadata.sequence.stream)
         decoded = [self._events_of(msg) for msg in msgs]
         for part in report_parts([len(events) for events in decoded], EVENTS_PER_APPEND):
             if not await self._log_reports([(msgs[k], decoded[k]) for k in part]):

@@ -39,7 +39,7 @@ from mesh.schema import (
     TaskPreemptRequested,
     TaskUpdated,
 )
-from workloads.lifecycle import ENDED, FINAL, TaskState, can_transition
+from workloads.lifecycle import ENDED, TaskState, can_transition
 from workloads.resources import Resources
 
 DEFAULT_PLACEMENT = PlacementConfig()
@@ -98,12 +98,14 @@ def reconcile(
 
 
 def agent_event(
-    state: RegionState, ev: TaskEvent, now_in: TaskState | None = None
+    state: RegionState, ev: TaskEvent, now_in: TaskState | None = None, started: bool = False
 ) -> TaskUpdated | Kill | None:
     """What an agent's report means for the log: the current attempt's transition (a
     KILLED of an attempt being reclaimed is logged as PREEMPTED, so it is requeued), a
-    kill for a copy that should not be running, or nothing (unknown or already ended).
-    `now_in`: the task's state as reports not yet logged leave it (`report_outcomes`)."""
+    late start (`is_late_start`), a kill for a copy that should not be running, or
+    nothing (unknown or already ended). `now_in`: the task's state as reports not yet
+    logged leave it; `started`: whether one of those was this attempt's start
+    (`report_outcomes`)."""
     t = state.tasks.get(ev.task_id)
     if t is None:
         return None
@@ -118,6 +120,10 @@ def agent_event(
             new_state = TaskState.FAILED
             message = f"service replica exited with code 0{': ' + message if message else ''}"
         was = t.state if now_in is None else now_in
+        if is_late_start(was, new_state):
+            if started or t.started_at is not None:
+                return None  # the log has this start (a RUNNING redelivered)
+            return _update(ev, TaskState.RUNNING, message)  # a late start
         if new_state == was == TaskState.RUNNING:
             # A running attempt's health verdict changed (a service replica), or its
             # training progress moved (docs/training.md: the watchdog, `mesh job status`).
@@ -131,24 +137,10 @@ def agent_event(
         if new_state == was or not can_transition(was, new_state):
             # The log has it already (an event redelivered to a new leader after the old
             # one logged it but died before acknowledging it), or a later one of the same
-            # attempt (that RUNNING redelivered after its SUCCEEDED was logged). Logged,
-            # the attempt would read as having started twice; the fold ignores it anyway.
+            # attempt: logged, the attempt would read as having ended twice.
             return None
-        return TaskUpdated(
-            ev.job_id,
-            ev.task_id,
-            ev.attempt,
-            new_state,
-            ev.node_id,
-            ev.ts,
-            ev.exit_code,
-            ev.signal,
-            message,
-            ev.log_tail,
-            ev.health if new_state == TaskState.RUNNING else "",
-            progress=ev.progress if new_state == TaskState.RUNNING else -1,
-        )
-    if ev.state in ENDED or ev.state in FINAL:
+        return _update(ev, new_state, message)
+    if ev.state in ENDED:
         return None
     return Kill(
         ev.node_id,
@@ -157,6 +149,33 @@ def agent_event(
         ev.attempt,
         "stale copy: this attempt is no longer assigned to this node",
     )
+
+
+def _update(ev: TaskEvent, new_state: TaskState, message: str) -> TaskUpdated:
+    running = new_state == TaskState.RUNNING
+    return TaskUpdated(
+        ev.job_id,
+        ev.task_id,
+        ev.attempt,
+        new_state,
+        ev.node_id,
+        ev.ts,
+        ev.exit_code,
+        ev.signal,
+        message,
+        ev.log_tail,
+        ev.health if running else "",
+        progress=ev.progress if running else -1,
+    )
+
+
+def is_late_start(was: TaskState, new: TaskState) -> bool:
+    """Whether a report is an attempt's start reaching the leader after its end: the
+    events stream hands a leader a message it fetched but did not acknowledge (it died,
+    or could not log it) again only after ack_wait, and the node's later messages (its
+    SUCCEEDED) come first. Logged, it completes the attempt's history (and start time)
+    and moves nothing; dropped, a run that did start would read as never started."""
+    return new == TaskState.RUNNING and was in ENDED
 
 
 def report_outcomes(
@@ -170,11 +189,17 @@ def report_outcomes(
     updates: list[TaskUpdated] = []
     kills: list[Kill] = []
     now_in: dict[str, TaskState] = {}
+    started: set[str] = set()
     for ev in events:
-        outcome = agent_event(state, ev, now_in.get(ev.task_id))
+        tid = ev.task_id
+        outcome = agent_event(state, ev, now_in.get(tid), tid in started)
         if isinstance(outcome, TaskUpdated):
             updates.append(outcome)
-            now_in[outcome.task_id] = outcome.state
+            if outcome.state == TaskState.RUNNING:
+                started.add(tid)
+            was = now_in.get(tid, state.tasks[tid].state)
+            if not is_late_start(was, outcome.state):
+                now_in[tid] = outcome.state
         elif isinstance(outcome, Kill):
             kills.append(outcome)
     return updates, kills

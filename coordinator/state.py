@@ -744,6 +744,9 @@ class RegionState:
         if task is None or ev.attempt != task.attempt or task.state == ev.state:
             self.ignored += 1
             return
+        if ev.state == TaskState.RUNNING and task.state in ENDED:
+            self._late_start(task, ev)
+            return
         if ev.state == TaskState.PLACED:
             self.ignored += 1  # placing books a node: only TaskPlaced does that
             return
@@ -812,6 +815,25 @@ class RegionState:
         if job.primary == task.task_id:
             self._primary_moved(job, task)
         self._recount_due[job.job_id] = job
+
+    def _late_start(self, task: TaskRecord, ev: TaskUpdated) -> None:
+        """An attempt's start logged after its end (reconcile.is_late_start): its start
+        time and its place in the history, before the entries of the attempt it
+        precedes; the task stays where it is."""
+        if task.started_at is not None or ev.node_id != task.node_id:
+            self.ignored += 1
+            return
+        task.started_at = ev.ts
+        at = len(task.history)
+        while at > 0:
+            ts, attempt, state, _, _ = task.history[at - 1]
+            if attempt != task.attempt or state == TaskState.PLACED or ts <= ev.ts:
+                break
+            at -= 1
+        entry = (ev.ts, task.attempt, str(TaskState.RUNNING), task.node_id, ev.message)
+        task.history.insert(at, entry)
+        if len(task.history) > HISTORY_LIMIT:
+            del task.history[: len(task.history) - HISTORY_LIMIT]
 
     def _progress(self, task: TaskRecord, ev: TaskUpdated) -> bool:
         """A RUNNING attempt's training progress; whether it moved."""

@@ -726,8 +726,7 @@ def test_agent_events_become_log_updates_preemptions_or_stale_kills():
 
 def test_reports_logged_together_are_judged_in_order():
     """The same report twice in one fetch (two stream messages for one transition) is
-    logged once; a report the ones before it overtook (RUNNING after SUCCEEDED) is not
-    logged at all."""
+    logged once, and a start logged in the fetch is not logged again after its end."""
     log = Log()
     log.submit("j", count=2)
     log.place("j.w.0", "a")
@@ -748,6 +747,65 @@ def test_reports_logged_together_are_judged_in_order():
     log.append(*updates)
     assert log.state.tasks["j.w.0"].state == S.SUCCEEDED
     assert report_outcomes(log.state, [running, done]) == ([], [])
+
+
+def test_a_start_that_reaches_the_leader_after_its_end_completes_the_history():
+    """The events stream redelivers a RUNNING a dead leader fetched only after ack_wait,
+    behind the node's SUCCEEDED (seen after a hub restart): logged as a late start, the
+    attempt's history reads placed, running, succeeded, and its state does not move."""
+    log = Log()
+    log.submit("j", count=1)
+    log.place("j.w.0", "a")
+    running = TaskEvent("a", "j", "j.w.0", 1, S.RUNNING, 3.0)
+    done = TaskEvent("a", "j", "j.w.0", 1, S.SUCCEEDED, 4.0, exit_code=0)
+    log.append(*report_outcomes(log.state, [done])[0])
+    updates, kills = report_outcomes(log.state, [running, running])
+    assert [(u.state, u.ts) for u in updates] == [(S.RUNNING, 3.0)] and not kills
+    log.append(*updates)
+    t = log.state.tasks["j.w.0"]
+    assert t.state == S.SUCCEEDED and t.started_at == 3.0 and t.finished_at == 4.0
+    history = [(h[0], h[2]) for h in t.history]
+    assert history == [(2.0, "PLACED"), (3.0, "RUNNING"), (4.0, "SUCCEEDED")]
+    assert log.state.jobs["j"].state == JobState.SUCCEEDED
+    # Once logged, it is the log's: a third copy is not logged, and one logged anyway
+    # (by a deposed leader) is ignored by the fold.
+    assert report_outcomes(log.state, [running]) == ([], [])
+    ignored = log.state.ignored
+    log.append(*updates)
+    assert len(t.history) == 3 and log.state.ignored == ignored + 1
+    # An overtaken start and its end in one fetch: both logged, start first or not.
+    log.submit("k", count=1)
+    log.place("k.w.0", "a")
+    r, d = (dataclasses.replace(ev, job_id="k", task_id="k.w.0") for ev in (running, done))
+    updates, _ = report_outcomes(log.state, [d, r, d, r])
+    assert [u.state for u in updates] == [S.SUCCEEDED, S.RUNNING]
+    log.append(*updates)
+    assert [h[2] for h in log.state.tasks["k.w.0"].history] == ["PLACED", "RUNNING", "SUCCEEDED"]
+    # Another node's start of an ended attempt is not this attempt's: a stale copy.
+    assert isinstance(agent_event(log.state, dataclasses.replace(r, node_id="b")), Kill)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    order=st.permutations(range(4)),
+    cuts=st.lists(st.integers(0, 4), max_size=3),
+)
+def test_an_attempts_reports_in_any_order_and_batching_log_each_transition_once(order, cuts):
+    """RUNNING and SUCCEEDED of one attempt, each delivered twice, in any order and cut
+    into fetches anywhere: the history has each once, in the attempt's order."""
+    log = Log()
+    log.submit("j", count=1)
+    log.place("j.w.0", "a")
+    running = TaskEvent("a", "j", "j.w.0", 1, S.RUNNING, 3.0)
+    done = TaskEvent("a", "j", "j.w.0", 1, S.SUCCEEDED, 4.0, exit_code=0)
+    deliveries = [(running, done, running, done)[k] for k in order]
+    bounds = [0, *sorted(cuts), 4]
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        updates, _ = report_outcomes(log.state, deliveries[lo:hi])
+        log.append(*updates)
+    t = log.state.tasks["j.w.0"]
+    assert [h[2] for h in t.history] == ["PLACED", "RUNNING", "SUCCEEDED"]
+    assert (t.state, t.started_at, t.finished_at) == (S.SUCCEEDED, 3.0, 4.0)
 
 
 def beat(node_id: str, seq: int, ts: float, tasks: tuple[str, ...] = ()) -> NodeView:
