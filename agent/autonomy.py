@@ -152,6 +152,10 @@ class RunKeeper:
         self._specs[key] = (exec_spec, retries_left)
 
     async def started(self, task_id: str, attempt: int, start: float, run: int = 1) -> None:
+        """`start`: the agent's clock as it launched the run. Not the process's
+        create_time: that is boot time (whole seconds) plus clock ticks, up to a second
+        early, and a run restarted 0.5 s after its predecessor ended read as overlapping
+        it (seen in CI)."""
         await self._write(
             self.agent.store.run_started(Run(task_id, attempt, run, self.agent.node_id, start))
         )
@@ -196,6 +200,7 @@ class RunKeeper:
             await asyncio.sleep(backoff_s(runs))
             if key in self.agent.killing:  # killed during the backoff: nothing runs
                 return Rerun(ExitStatus(None, None, True, False, ""), handle, restarts)
+            launched_at = time.time()
             try:
                 handle = await self.agent.executor.start(exec_spec)
             except ExecError as exc:
@@ -203,7 +208,7 @@ class RunKeeper:
                 return Rerun(status, handle, restarts)
             restarts += 1
             self.agent.handles[key] = handle
-            await self.started(task_id, attempt, handle.start_time, runs + 1)
+            await self.started(task_id, attempt, launched_at, runs + 1)
             log.info(
                 "%s#%d restarted in place (run %d): the region is unreachable",
                 task_id,

@@ -541,6 +541,7 @@ class Agent:
         # STARTING goes out while the process starts: nothing on the way to RUNNING waits
         # for it, and it is sent before RUNNING so the two arrive in order.
         starting = asyncio.ensure_future(self._report(rec, self._event(rec, "STARTING")))
+        launched_at = time.time()  # the ledger's start (RunKeeper.started)
         try:
             handle = await self.executor.start(exec_spec)
         except ExecError as exc:
@@ -559,7 +560,7 @@ class Agent:
             )
         except (sqlite3.Error, OSError) as exc:
             self._stored(exc)  # it runs and is watched; only a restart would forget it
-        await self.runs.started(a.task_id, a.attempt, handle.start_time)
+        await self.runs.started(a.task_id, a.attempt, launched_at)
         self.runs.launched((a.task_id, a.attempt), exec_spec, a.retries_left)
         await starting
         self.task_ports[(rec.task_id, rec.attempt)] = dict(spec.ports)
