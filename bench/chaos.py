@@ -445,7 +445,7 @@ def _judge(log, acked: dict, outcome: dict, leader_kills: list[float], actions: 
                         redelivered += 1
                         continue
                     if key[:2] in end_ts and ev.node_id not in ended.get(key[:2], {}):
-                        # A late start (reconcile.is_late_start): logged after its end.
+                        # A late start (lifecycle.is_late_start): logged after its end.
                         ended.setdefault(key[:2], {})[ev.node_id] = ev.ts
                         intervals[ev.task_id].append((key[1], ev.node_id, ev.ts, end_ts[key[:2]]))
                         continue

@@ -21,14 +21,8 @@ from coordinator.joblog import Fenced, LogWriter, Unavailable
 from coordinator.partitions.loop import PartitionLoop
 from coordinator.peers import launchable, launched_spec, launches
 from coordinator.pooling import PoolView, preemptions
-from coordinator.reconcile import (
-    Kill,
-    reconcile,
-    report_outcomes,
-    report_parts,
-    reports_fetch,
-    still_placed,
-)
+from coordinator.reconcile import reconcile
+from coordinator.reports import Kill, report_outcomes, report_parts, reports_fetch, still_placed
 from coordinator.state import TaskRecord
 from mesh import subjects
 from mesh.codec import WireError, encode

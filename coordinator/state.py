@@ -47,6 +47,7 @@ from workloads.lifecycle import (
     JobState,
     TaskState,
     can_transition,
+    is_late_start,
     job_state,
     job_state_of_counts,
 )
@@ -744,7 +745,7 @@ class RegionState:
         if task is None or ev.attempt != task.attempt or task.state == ev.state:
             self.ignored += 1
             return
-        if ev.state == TaskState.RUNNING and task.state in ENDED:
+        if is_late_start(task.state, ev.state):
             self._late_start(task, ev)
             return
         if ev.state == TaskState.PLACED:
@@ -817,7 +818,7 @@ class RegionState:
         self._recount_due[job.job_id] = job
 
     def _late_start(self, task: TaskRecord, ev: TaskUpdated) -> None:
-        """An attempt's start logged after its end (reconcile.is_late_start): its start
+        """An attempt's start logged after its end (lifecycle.is_late_start): its start
         time and its place in the history, before the entries of the attempt it
         precedes; the task stays where it is."""
         if task.started_at is not None or ev.node_id != task.node_id:

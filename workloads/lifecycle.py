@@ -36,6 +36,7 @@ __all__ = [
     "TaskState",
     "can_transition",
     "check_transition",
+    "is_late_start",
     "job_state",
 ]
 
@@ -120,6 +121,16 @@ def can_transition(src: TaskState, dst: TaskState) -> bool:
     if a is None or b is None:
         return False
     return a == b or b in TRANSITIONS[a]
+
+
+def is_late_start(was: TaskState, new: TaskState) -> bool:
+    """Whether a report is an attempt's start reaching the region after its end: the
+    events stream hands a leader a message it fetched but did not acknowledge (it died,
+    or could not log it) again only after ack_wait, and the node's later messages (its
+    SUCCEEDED) come first. Not a transition: logged, it completes the attempt's history
+    (and start time) and moves nothing; dropped, a run that did start would read as
+    never started."""
+    return new == TaskState.RUNNING and was in ENDED
 
 
 def check_transition(src: TaskState, dst: TaskState) -> None:

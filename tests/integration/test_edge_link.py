@@ -116,7 +116,7 @@ async def test_a_cut_site_loses_nothing_and_runs_nothing_twice(site, kind):
     # (After the hub's own server is killed its coordinator leads again only once its log
     # follower has caught up: coordinator.joblog resubscribes a follower that went quiet.
     # A RUNNING its leader fetched as the hub died comes again only after ack_wait, behind
-    # the task's SUCCEEDED: logged as a late start, reconcile.is_late_start.) A failure
+    # the task's SUCCEEDED: logged as a late start, lifecycle.is_late_start.) A failure
     # says which events are missing and where the coordinator and its consumer stood.
     try:
         await eventually(caught_up, timeout=20, interval=0.02)

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.cluster import DOWN, READY, SUSPECT, ClusterView
-from coordinator.reconcile import FORGOTTEN_AFTER_S, Kill
+from coordinator.reconcile import FORGOTTEN_AFTER_S
+from coordinator.reports import Kill
 from coordinator.state import RegionState
 from edge import sites
 from edge.sites import CONNECTED, DISCONNECTED, NEVER

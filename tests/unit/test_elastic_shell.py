@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 from coordinator.pooling import admitted_jobs, pool_view, preemptions
-from coordinator.reconcile import agent_event, reconcile
+from coordinator.reconcile import reconcile
+from coordinator.reports import agent_event
 from coordinator.scheduling import PlacementConfig, gang_request
 from coordinator.state import HOLDING, RegionState
 from coordinator.views import job_detail

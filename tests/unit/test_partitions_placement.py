@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from coordinator.cluster import READY, NodeView
 from coordinator.placement import GangRequest, NodeInfo, Shape, Snapshot, TaskRequest, place
-from coordinator.reconcile import agent_event
+from coordinator.reports import agent_event
 from mesh.schema import (
     JobSubmitted,
     NodePartitionChanged,

@@ -7,7 +7,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.reconcile import agent_event, reconcile
+from coordinator.reconcile import reconcile
+from coordinator.reports import agent_event
 from coordinator.services import available, restart_delay
 from coordinator.state import RegionState
 from mesh.schema import (
