@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from coordinator.state import HOLDING, WATCHDOG, JobRecord
+from coordinator.records import HOLDING, JobRecord
+from coordinator.state import WATCHDOG
 from workloads.lifecycle import TaskState
 
 __all__ = ["WATCHDOG", "Facts", "Offer", "facts", "hung", "offer", "stalled", "stops"]

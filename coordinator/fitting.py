@@ -50,8 +50,9 @@ from coordinator.cluster import ClusterView
 from coordinator.placement import Shape, Snapshot, describe
 from coordinator.placement.plugins import FILTERS, copies_fitting, gpu_fits, rejections
 from coordinator.placement.snapshot import WHOLE, Working
+from coordinator.records import HOLDING, JobRecord
 from coordinator.scheduling import snapshot, spec_shape
-from coordinator.state import HOLDING, JobRecord, RegionState
+from coordinator.state import RegionState
 from workloads.lifecycle import TaskState
 from workloads.quantity import format_bytes, format_cpu, format_gpu
 from workloads.resources import Resources

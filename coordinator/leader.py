@@ -22,8 +22,8 @@ from coordinator.partitions.loop import PartitionLoop
 from coordinator.peers import launchable, launched_spec, launches
 from coordinator.pooling import PoolView, preemptions
 from coordinator.reconcile import reconcile
+from coordinator.records import TaskRecord
 from coordinator.reports import Kill, report_outcomes, report_parts, reports_fetch, still_placed
-from coordinator.state import TaskRecord
 from mesh import subjects
 from mesh.codec import WireError, encode
 from mesh.pull import PullLoop

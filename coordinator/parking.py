@@ -45,8 +45,9 @@ from sortedcontainers import SortedDict
 from coordinator.changes import Mark
 from coordinator.placement import Snapshot
 from coordinator.pools import PoolTree
+from coordinator.records import JobRecord
 from coordinator.scheduling import PlacementConfig
-from coordinator.state import JobRecord, RegionState
+from coordinator.state import RegionState
 from workloads.lifecycle import TaskState
 
 Need = tuple[int, int, int, int, int]  # one task's resources, in Resources.KINDS order

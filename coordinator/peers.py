@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from coordinator.cluster import NodeView
-from coordinator.state import HOLDING, JobRecord, RegionState, TaskRecord
+from coordinator.records import HOLDING, JobRecord, TaskRecord
+from coordinator.state import RegionState
 from mesh.schema import HealthProbe, TaskSpec
 from workloads import frameworks
 from workloads.frameworks import Peer, TaskContext

@@ -19,7 +19,8 @@ from coordinator.pools import (
     format_amount,
     sum_by_pool,
 )
-from coordinator.state import HOLDING, JobRecord, RegionState
+from coordinator.records import HOLDING, JobRecord
+from coordinator.state import RegionState
 from mesh.schema import TaskPreemptRequested
 from workloads.lifecycle import TaskState
 from workloads.resources import Resources

@@ -18,6 +18,7 @@ from coordinator.partitions.drain import drain_moves, vacating
 from coordinator.placement import GangRequest, Placement, Snapshot
 from coordinator.pooling import PoolView, admitted_jobs, pool_view
 from coordinator.ports import assign as assign_ports
+from coordinator.records import HOLDING, JobRecord
 from coordinator.reports import Kill
 from coordinator.scheduling import (
     PlacementConfig,
@@ -28,7 +29,7 @@ from coordinator.scheduling import (
     window,
 )
 from coordinator.services import keep_services, restart_delay
-from coordinator.state import HOLDING, JobRecord, RegionState
+from coordinator.state import RegionState
 from edge.sites import forwarded_since, lost_why, may_declare_lost
 from mesh.schema import (
     DuplicateStopped,

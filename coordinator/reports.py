@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from coordinator.state import RegionState, TaskRecord
+from coordinator.records import TaskRecord
+from coordinator.state import RegionState
 from mesh.schema import TaskEvent, TaskUpdated
 from workloads.lifecycle import ENDED, TaskState, can_transition, is_late_start
 

@@ -27,7 +27,8 @@ from coordinator.placement import (
     commit,
 )
 from coordinator.ports import free_count, range_size
-from coordinator.state import HOLDING, JobRecord, RegionState
+from coordinator.records import HOLDING, JobRecord
+from coordinator.state import RegionState
 from mesh.schema import NodeState
 from workloads import frameworks
 from workloads.lifecycle import TaskState

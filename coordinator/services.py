@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from coordinator.state import HOLDING, JobRecord, RegionState, TaskRecord, task_id_for
+from coordinator.records import HOLDING, JobRecord, TaskRecord, task_id_for
+from coordinator.state import RegionState
 from mesh.schema import ReplicaAdded, TaskStopRequested
 from workloads.lifecycle import FINAL, TaskState
 from workloads.spec import TaskGroup

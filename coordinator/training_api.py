@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from coordinator.state import HOLDING, JobRecord
+from coordinator.records import HOLDING, JobRecord
 from mesh.schema import ApiError, ErrorCode, HostsRequest, JobScaled, ScaleRequest, ok
 from workloads.frameworks import Peer
 from workloads.frameworks.horovod import horovod_hosts

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from coordinator.cluster import NodeView
 from coordinator.partitions.views import node_partition
-from coordinator.state import HOLDING, JobRecord, RegionState
+from coordinator.records import HOLDING, JobRecord
+from coordinator.state import RegionState
 
 
 def job_federation(state: RegionState, region: str, job_id: str) -> dict | None:

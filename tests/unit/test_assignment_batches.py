@@ -4,7 +4,7 @@ message per node, in order, within the count and size bounds."""
 from __future__ import annotations
 
 from coordinator.leader import BATCH_BYTES, run_batches
-from coordinator.state import TaskRecord
+from coordinator.records import TaskRecord
 from mesh.schema import MAX_ASSIGNMENT_BATCH
 from workloads.spec import MAX_COMMAND_BYTES, TaskGroup
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.elastic import Facts, hung, offer, stalled, stops
-from coordinator.state import HOLDING
+from coordinator.records import HOLDING
 from workloads.lifecycle import TaskState
 
 S = TaskState

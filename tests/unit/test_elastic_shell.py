@@ -9,9 +9,10 @@ import dataclasses
 
 from coordinator.pooling import admitted_jobs, pool_view, preemptions
 from coordinator.reconcile import reconcile
+from coordinator.records import HOLDING
 from coordinator.reports import agent_event
 from coordinator.scheduling import PlacementConfig, gang_request
-from coordinator.state import HOLDING, RegionState
+from coordinator.state import RegionState
 from coordinator.views import job_detail
 from mesh.schema import (
     JobKillRequested,

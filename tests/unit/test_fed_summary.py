@@ -22,7 +22,8 @@ from coordinator.federation.summary import (
     status,
     summarize,
 )
-from coordinator.state import RegionState, task_id_for
+from coordinator.records import task_id_for
+from coordinator.state import RegionState
 from mesh.codec import WireError, encode, pack
 from mesh.fedschema import MAX_SHAPES, RegionSummary, decode_summary
 from mesh.schema import JobSubmitted, LogEntry, NodeState, TaskPlaced

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from coordinator.cluster import DOWN, READY, SUSPECT, ClusterView, NodeView
 from coordinator.reconcile import FORGOTTEN_AFTER_S, Decisions, reconcile
+from coordinator.records import HOLDING
 from coordinator.reports import Kill
-from coordinator.state import HOLDING, RegionState
+from coordinator.state import RegionState
 from mesh.schema import (
     JobKillRequested,
     JobSubmitted,

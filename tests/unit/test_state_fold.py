@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
-from coordinator.state import HOLDING, UNSETTLED, RegionState, task_id_for
+from coordinator.records import HOLDING, UNSETTLED, task_id_for
+from coordinator.state import RegionState
 from mesh.schema import (
     JobKillRequested,
     JobSubmitted,
